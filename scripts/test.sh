@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, builds everything and runs every
+# test; then the unit tests again under AddressSanitizer + UBSan and the
+# threaded tests under ThreadSanitizer.
+#   scripts/test.sh            # everything
+#   scripts/test.sh --quick    # the main build and its tests only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup-deps.sh
+jobs=$(nproc)
+launcher=()
+if command -v ccache >/dev/null 2>&1; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+
+configure_and_build() {  # dir, extra cmake args...
+  local dir=$1; shift
+  cmake -S . -B "$dir" -G Ninja "${launcher[@]}" "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+}
+
+echo "== main build (RelWithDebInfo): all tests"
+configure_and_build build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+ctest --test-dir build -j "$jobs" --output-on-failure --timeout 900
+
+if [ "${1:-}" = "--quick" ]; then exit 0; fi
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer: unit tests"
+configure_and_build build-asan -DCMAKE_BUILD_TYPE=Debug -DDDILOCO_SANITIZE=address,undefined \
+  -DDDILOCO_BUILD_EXAMPLES=OFF -DDDILOCO_BUILD_BENCHMARKS=OFF
+ctest --test-dir build-asan -j "$jobs" --output-on-failure -L unit -LE slow --timeout 900
+
+echo "== ThreadSanitizer: threaded tests"
+configure_and_build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDILOCO_SANITIZE=thread \
+  -DDDILOCO_BUILD_EXAMPLES=OFF -DDDILOCO_BUILD_BENCHMARKS=OFF
+if ctest --test-dir build-tsan -N -L threaded | grep -q "Total Tests: 0"; then
+  echo "no threaded tests yet"
+else
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    ctest --test-dir build-tsan -j "$jobs" --output-on-failure -L threaded -LE slow --timeout 900
+fi
