@@ -1,0 +1,117 @@
+// ddiloco/message.hpp: what learners and the syncer say to each other.
+//
+// What it is: the in-memory form of the protocol's six messages and the
+// transport concepts that carry them. Every transport (in-process queues,
+// ZeroMQ) moves `Message` values; the wire encoding lives elsewhere.
+// What it is not: a serialisation format, nor a transport.
+//
+// # The protocol (algorithm.md 3 and 6)
+//   learner -> syncer  join            "I am learner `learner`; send me the global state"
+//   syncer  -> learner full_state      one per fragment: the fragment's values and version.
+//                                      `sequence` carries the first sequence number this
+//                                      incarnation of the learner must use.
+//   learner -> syncer  contribution    outer gradient of one fragment: the learner's progress
+//                                      since its previous send or receipt of that fragment
+//                                      (so each unit of progress is sent exactly once),
+//                                      with counters `steps`/`tokens` over the same span and
+//                                      `version` = version of the global it last applied.
+//   syncer  -> learner global_fragment the merged fragment after an outer step, with version.
+//   learner -> syncer  heartbeat       "still alive" (any message also counts as one)
+//   learner -> syncer  leave           "I am going away; stop counting me"
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <ddiloco/clock.hpp>
+
+namespace ddiloco {
+
+using LearnerId = std::uint32_t;
+
+enum class MessageType : std::uint8_t {
+  join = 1,
+  full_state = 2,
+  contribution = 3,
+  global_fragment = 4,
+  heartbeat = 5,
+  leave = 6,
+};
+
+constexpr std::string_view to_string(MessageType t) noexcept {
+  switch (t) {
+    case MessageType::join: return "join";
+    case MessageType::full_state: return "full_state";
+    case MessageType::contribution: return "contribution";
+    case MessageType::global_fragment: return "global_fragment";
+    case MessageType::heartbeat: return "heartbeat";
+    case MessageType::leave: return "leave";
+  }
+  return "unknown";
+}
+
+/// Fragment values or an outer gradient, shared so a broadcast never copies.
+using Payload = std::shared_ptr<const std::vector<float>>;
+
+struct Message {
+  MessageType type = MessageType::heartbeat;
+  std::uint64_t fingerprint = 0;  ///< Plan::fingerprint() of the sender's plan
+  LearnerId learner = 0;          ///< the learner this message is from or for
+  std::uint32_t fragment = 0;     ///< fragment index (full_state, contribution, global_fragment)
+  std::uint64_t version = 0;      ///< fragment version (base version for a contribution)
+  std::uint64_t sequence = 0;     ///< contribution: per-learner, strictly increasing
+  std::int64_t steps = 0;         ///< contribution: inner steps in this outer gradient
+  std::int64_t tokens = 0;        ///< contribution: tokens in this outer gradient
+  std::uint64_t step = 0;         ///< sender's inner step counter when sent (observability)
+  Payload payload;                ///< may be null for control messages
+
+  [[nodiscard]] std::size_t payload_size() const noexcept { return payload ? payload->size() : 0; }
+  [[nodiscard]] std::size_t payload_bytes() const noexcept { return payload_size() * sizeof(float); }
+};
+
+inline Payload make_payload(std::vector<float> values) {
+  return std::make_shared<const std::vector<float>>(std::move(values));
+}
+
+// ---- Transport concepts -------------------------------------------------
+//
+// LearnerTransport<T>: a learner's link to the syncer.
+//   1. `t.send(Message&&) -> bool` never blocks. It returns false when the
+//      message could not be queued (back-pressure, link down); the message is
+//      then dropped and the caller goes on training.
+//   2. `t.try_receive() -> std::optional<Message>` never blocks.
+//   3. `t.receive_until(TimePoint deadline) -> std::optional<Message>` waits
+//      at most until `deadline` (on the transport's clock) and returns nullopt
+//      on time-out. A transport on a virtual clock returns at once.
+//   4. `t.failed() -> bool`: true once the transport failed permanently; every
+//      later call may throw TransportError.
+//   5. `t.clock() -> const Clock&`: the clock deadlines are measured on.
+//
+// SyncerTransport<T>: the syncer's side.
+//   1. `t.send_to(LearnerId, Message&&) -> bool` never blocks (false: dropped).
+//   2. `t.try_receive()`, 3. `t.receive_until(deadline)` as above.
+//   4. `t.clock() -> const Clock&`.
+template <class T>
+concept LearnerTransport = requires(T& t, Message m, TimePoint deadline) {
+  { t.send(std::move(m)) } -> std::same_as<bool>;
+  { t.try_receive() } -> std::same_as<std::optional<Message>>;
+  { t.receive_until(deadline) } -> std::same_as<std::optional<Message>>;
+  { std::as_const(t).failed() } -> std::same_as<bool>;
+  { std::as_const(t).clock() } -> std::convertible_to<const Clock&>;
+};
+
+template <class T>
+concept SyncerTransport = requires(T& t, Message m, LearnerId id, TimePoint deadline) {
+  { t.send_to(id, std::move(m)) } -> std::same_as<bool>;
+  { t.try_receive() } -> std::same_as<std::optional<Message>>;
+  { t.receive_until(deadline) } -> std::same_as<std::optional<Message>>;
+  { std::as_const(t).clock() } -> std::convertible_to<const Clock&>;
+};
+
+}  // namespace ddiloco
