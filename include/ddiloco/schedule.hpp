@@ -1,0 +1,138 @@
+// ddiloco/schedule.hpp: the streaming schedule, which fragment a learner sends
+// at which inner step and when the merged result is applied.
+//
+// What it is: a small immutable value (P fragments, every H inner steps, overlap
+// tau) answering "is a fragment due at step t?" in O(1) from a precomputed slot
+// table, plus the arithmetic of send and apply steps. Pure: no clock, no I/O.
+// What it is not: the learner loop. It does not track what was sent or
+// received; a result that arrives after its apply step is applied on arrival
+// by the caller (algorithm.md section 3, step 4: the learner never blocks).
+//
+// # The schedule (algorithm.md 4.6, from Streaming DiLoCo)
+// Inner steps are counted from 1: step t is the call made after the t-th inner
+// step of the learner (t = 0 is "before training" and never a send slot).
+//
+//     offset(p) = floor(p * H / P)                      p = 0 .. P-1
+//     p is due at step t  <=>  t >= 1 and t mod H == offset(p)
+//     apply_step(s) = s + tau
+//
+// Offsets are spread evenly over one period of H steps; with P = H (the paper
+// defaults P = H = 24, tau = 2) exactly one fragment is due at every step.
+// Because P <= H, offset(p+1) - offset(p) >= floor(H/P) >= 1, so no two
+// fragments share a slot and each fragment is due exactly once in every H
+// consecutive steps.
+//
+// Offset 0: fragment 0 is due at steps H, 2H, 3H, ... Its first send therefore
+// comes after a full period of H inner steps, like a DiLoCo outer step, while
+// fragment p > 0 first sends after offset(p) < H steps (the stagger only shifts
+// the first round; from then on every fragment sends every H steps).
+//
+// Validity (each violation throws InvalidArgument naming the values):
+//   1. P >= 1 and H >= 1.
+//   2. P <= H: with P > H two fragments would share a send slot.
+//   3. tau < H: a result must be applied (at s + tau) before the same
+//      fragment's next send (at s + H), or that send would carry parameters
+//      that never saw the previous merge.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include <ddiloco/error.hpp>
+
+namespace ddiloco {
+
+class Schedule {
+ public:
+  /// P = num_fragments, H = sync_every, tau = overlap (algorithm.md 4.6).
+  Schedule(std::size_t num_fragments, std::size_t sync_every, std::size_t overlap)
+      : num_fragments_(num_fragments), sync_every_(sync_every), overlap_(overlap) {
+    if (num_fragments == 0) {
+      throw InvalidArgument(detail::msg("Schedule: num_fragments P = 0; a model has at least one "
+                                        "fragment, pass P >= 1."));
+    }
+    if (sync_every == 0) {
+      throw InvalidArgument(detail::msg("Schedule: sync_every H = 0; each fragment syncs every H "
+                                        "inner steps, pass H >= 1."));
+    }
+    if (num_fragments > sync_every) {
+      throw InvalidArgument(detail::msg("Schedule: num_fragments P = ", num_fragments,
+                                        " > sync_every H = ", sync_every,
+                                        "; two fragments would share a send slot. Use P <= H "
+                                        "(fewer fragments or a longer period)."));
+    }
+    if (overlap >= sync_every) {
+      throw InvalidArgument(detail::msg("Schedule: overlap tau = ", overlap, " >= sync_every H = ",
+                                        sync_every,
+                                        "; a merged result would be applied after the same "
+                                        "fragment's next send. Use tau < H."));
+    }
+    // offset(p) = floor(p * H / P), computed as p * (H / P) + floor(p * (H % P) / P)
+    // so that p * H cannot overflow for large H.
+    const std::size_t q = sync_every / num_fragments;
+    const std::size_t r = sync_every % num_fragments;
+    offsets_.resize(num_fragments);
+    slots_.assign(sync_every, no_fragment_);
+    for (std::size_t p = 0; p < num_fragments; ++p) {
+      offsets_[p] = p * q + (p * r) / num_fragments;
+      slots_[offsets_[p]] = p;
+    }
+  }
+
+  [[nodiscard]] std::size_t num_fragments() const noexcept { return num_fragments_; }
+  [[nodiscard]] std::size_t sync_every() const noexcept { return sync_every_; }
+  [[nodiscard]] std::size_t overlap() const noexcept { return overlap_; }
+
+  /// floor(p * H / P), in [0, H). Throws InvalidArgument if p >= P.
+  [[nodiscard]] std::size_t offset(std::size_t fragment) const {
+    check_fragment("offset", fragment);
+    return offsets_[fragment];
+  }
+
+  /// The fragment whose send slot is inner step `step`, or nullopt (no fragment
+  /// due, or step = 0, which is never a send slot). O(1): one modulo and one load.
+  [[nodiscard]] std::optional<std::size_t> due_at(std::uint64_t step) const noexcept {
+    const std::size_t p = slots_[static_cast<std::size_t>(step % sync_every_)];
+    if (p == no_fragment_ || step == 0) return std::nullopt;
+    return p;
+  }
+
+  /// The step at which the result of a send made at `send_step` is applied:
+  /// send_step + tau (or on arrival, if later; that is the caller's business).
+  [[nodiscard]] std::uint64_t apply_step(std::uint64_t send_step) const noexcept {
+    return send_step + overlap_;
+  }
+
+  /// The first send step of `fragment` strictly after `after_step`: the least
+  /// t > after_step with t mod H == offset(p) (t >= 1 follows from t > after_step).
+  /// Throws InvalidArgument if fragment >= P.
+  [[nodiscard]] std::uint64_t next_send(std::size_t fragment, std::uint64_t after_step) const {
+    check_fragment("next_send", fragment);
+    const std::uint64_t h = sync_every_;
+    std::uint64_t t = after_step - after_step % h + offsets_[fragment];
+    if (t <= after_step) t += h;
+    return t;
+  }
+
+ private:
+  static constexpr std::size_t no_fragment_ = std::numeric_limits<std::size_t>::max();
+
+  void check_fragment(const char* where, std::size_t fragment) const {
+    if (fragment >= num_fragments_) {
+      throw InvalidArgument(detail::msg("Schedule::", where, ": fragment ", fragment,
+                                        " is out of range; valid fragments are 0 .. ",
+                                        num_fragments_ - 1, " (P = ", num_fragments_, ")."));
+    }
+  }
+
+  std::size_t num_fragments_;
+  std::size_t sync_every_;
+  std::size_t overlap_;
+  std::vector<std::size_t> offsets_;  ///< offsets_[p] = floor(p * H / P)
+  std::vector<std::size_t> slots_;    ///< slots_[t mod H] = fragment due, or no_fragment_
+};
+
+}  // namespace ddiloco
