@@ -34,6 +34,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <ddiloco/error.hpp>
+
 namespace ddiloco {
 
 /// The adaptation point. Left undefined for types nobody adapted.
@@ -83,6 +85,15 @@ constexpr void require_tensor() {
                 "ddiloco: tensor_traits<T> is specialised but provides neither the host form "
                 "(host_data) nor the staged form (size, copy_to_host, copy_from_host).");
 }
+
+/// Throws ShapeMismatch unless a host buffer has exactly the tensor's size.
+inline void check_buffer_size(const char* what, std::size_t buffer, std::size_t tensor) {
+  if (buffer != tensor) {
+    throw ShapeMismatch(msg("ddiloco::", what, ": the host buffer has ", buffer,
+                            " elements but the tensor has ", tensor,
+                            "; pass a buffer of exactly tensor_size(t) elements."));
+  }
+}
 }  // namespace detail
 
 /// Number of fp32 elements in `t`.
@@ -96,26 +107,34 @@ std::size_t tensor_size(const T& t) {
   }
 }
 
-/// Copies the elements of `t` into `dst` (dst.size() must equal tensor_size(t)).
+/// Copies the elements of `t` into `dst`. Throws ShapeMismatch unless
+/// dst.size() == tensor_size(t).
 template <class T>
 void read_tensor(const T& t, std::span<float> dst) {
   detail::require_tensor<T>();
   if constexpr (HostTensor<T>) {
     auto src = tensor_traits<std::remove_cvref_t<T>>::host_data(t);
+    detail::check_buffer_size("read_tensor", dst.size(), src.size());
     std::copy(src.begin(), src.end(), dst.begin());
   } else {
+    detail::check_buffer_size("read_tensor", dst.size(), tensor_size(t));
     tensor_traits<std::remove_cvref_t<T>>::copy_to_host(t, dst);
   }
 }
 
-/// Overwrites the elements of `t` with `src` (src.size() must equal tensor_size(t)).
+/// Overwrites the elements of `t` with `src`. Throws ShapeMismatch unless
+/// src.size() == tensor_size(t).
 template <class T>
 void write_tensor(T& t, std::span<const float> src) {
+  static_assert(!std::is_const_v<T>,
+                "ddiloco::write_tensor: the tensor is const; pass the mutable model tensor.");
   detail::require_tensor<T>();
   if constexpr (HostTensor<T>) {
     auto dst = tensor_traits<std::remove_cvref_t<T>>::host_data(t);
+    detail::check_buffer_size("write_tensor", src.size(), dst.size());
     std::copy(src.begin(), src.end(), dst.begin());
   } else {
+    detail::check_buffer_size("write_tensor", src.size(), tensor_size(t));
     tensor_traits<std::remove_cvref_t<T>>::copy_from_host(t, src);
   }
 }
@@ -132,16 +151,26 @@ std::span<const float> host_view(const T& t) {
 
 // ---- Standard library adapters ------------------------------------------
 
-template <>
-struct tensor_traits<std::vector<float>> {
-  static std::span<float> host_data(std::vector<float>& v) { return {v.data(), v.size()}; }
-  static std::span<const float> host_data(const std::vector<float>& v) { return {v.data(), v.size()}; }
+template <class Alloc>
+struct tensor_traits<std::vector<float, Alloc>> {
+  static std::span<float> host_data(std::vector<float, Alloc>& v) { return {v.data(), v.size()}; }
+  static std::span<const float> host_data(const std::vector<float, Alloc>& v) {
+    return {v.data(), v.size()};
+  }
 };
 
 template <std::size_t Extent>
 struct tensor_traits<std::span<float, Extent>> {
   static std::span<float> host_data(std::span<float, Extent>& s) { return s; }
   static std::span<const float> host_data(const std::span<float, Extent>& s) { return s; }
+};
+
+/// A span of const float is read-only: ddiloco writes merged parameters back.
+template <std::size_t Extent>
+struct tensor_traits<std::span<const float, Extent>> {
+  static_assert(detail::always_false<std::span<const float, Extent>>,
+                "ddiloco: std::span<const float> is read-only. ddiloco writes merged parameters "
+                "back into every tensor: pass a std::span<float> over the mutable buffer.");
 };
 
 /// Vectors of another element type are rejected with a message naming the problem.
