@@ -22,6 +22,10 @@
 //   3. `static void copy_from_host(YourTensor&, std::span<const float> src)`:
 //      reads exactly `size()` elements back.
 //
+// A specialisation may instead REJECT a type with its own message: a
+// static_assert that names the problem, plus `static constexpr bool rejected =
+// true;` so that ddiloco adds no second message (see std::vector<double> below).
+//
 // Both forms may throw a `ddiloco::Error` for a value they cannot take (a
 // framework tensor of the wrong dtype, say). ddiloco only ever calls the
 // staged functions for the fragment being sent or applied.
@@ -73,17 +77,26 @@ template <class T>
 concept Tensor = HostTensor<T> || StagedTensor<T>;
 
 namespace detail {
-/// Fails compilation with a message that names the problem when T is not adapted.
+/// A specialisation that exists only to reject a type with its own message
+/// (it declares `static constexpr bool rejected = true;`).
 template <class T>
-constexpr void require_tensor() {
-  static_assert(has_traits<std::remove_cvref_t<T>>,
+concept rejected_tensor = has_traits<T> && requires { tensor_traits<T>::rejected; };
+
+/// Fails compilation with a message that names the problem when T is not a
+/// tensor; returns Tensor<T> so that callers can skip their body and add no
+/// further errors after that message.
+template <class T>
+constexpr bool require_tensor() {
+  using U = std::remove_cvref_t<T>;
+  static_assert(has_traits<U>,
                 "ddiloco: this type is not an adapted tensor. ddiloco works on contiguous fp32 "
                 "storage: include the adapter header for your library (<ddiloco/adapters/eigen.hpp>, "
                 "<ddiloco/adapters/xtensor.hpp>) or specialise ddiloco::tensor_traits<T> "
                 "(see <ddiloco/tensor.hpp>).");
-  static_assert(!has_traits<std::remove_cvref_t<T>> || Tensor<T>,
+  static_assert(!has_traits<U> || rejected_tensor<U> || Tensor<T>,
                 "ddiloco: tensor_traits<T> is specialised but provides neither the host form "
                 "(host_data) nor the staged form (size, copy_to_host, copy_from_host).");
+  return Tensor<T>;
 }
 
 /// Throws ShapeMismatch unless a host buffer has exactly the tensor's size.
@@ -99,8 +112,9 @@ inline void check_buffer_size(const char* what, std::size_t buffer, std::size_t 
 /// Number of fp32 elements in `t`.
 template <class T>
 std::size_t tensor_size(const T& t) {
-  detail::require_tensor<T>();
-  if constexpr (HostTensor<T>) {
+  if constexpr (!detail::require_tensor<T>()) {
+    return 0;
+  } else if constexpr (HostTensor<T>) {
     return tensor_traits<std::remove_cvref_t<T>>::host_data(t).size();
   } else {
     return static_cast<std::size_t>(tensor_traits<std::remove_cvref_t<T>>::size(t));
@@ -111,8 +125,9 @@ std::size_t tensor_size(const T& t) {
 /// dst.size() == tensor_size(t).
 template <class T>
 void read_tensor(const T& t, std::span<float> dst) {
-  detail::require_tensor<T>();
-  if constexpr (HostTensor<T>) {
+  if constexpr (!detail::require_tensor<T>()) {
+    return;
+  } else if constexpr (HostTensor<T>) {
     auto src = tensor_traits<std::remove_cvref_t<T>>::host_data(t);
     detail::check_buffer_size("read_tensor", dst.size(), src.size());
     std::copy(src.begin(), src.end(), dst.begin());
@@ -128,8 +143,9 @@ template <class T>
 void write_tensor(T& t, std::span<const float> src) {
   static_assert(!std::is_const_v<T>,
                 "ddiloco::write_tensor: the tensor is const; pass the mutable model tensor.");
-  detail::require_tensor<T>();
-  if constexpr (HostTensor<T>) {
+  if constexpr (!detail::require_tensor<T>()) {
+    return;
+  } else if constexpr (HostTensor<T>) {
     auto dst = tensor_traits<std::remove_cvref_t<T>>::host_data(t);
     detail::check_buffer_size("write_tensor", src.size(), dst.size());
     std::copy(src.begin(), src.end(), dst.begin());
@@ -171,6 +187,7 @@ struct tensor_traits<std::span<const float, Extent>> {
   static_assert(detail::always_false<std::span<const float, Extent>>,
                 "ddiloco: std::span<const float> is read-only. ddiloco writes merged parameters "
                 "back into every tensor: pass a std::span<float> over the mutable buffer.");
+  static constexpr bool rejected = true;
 };
 
 /// Vectors of another element type are rejected with a message naming the problem.
@@ -180,6 +197,7 @@ struct tensor_traits<std::vector<U, Alloc>> {
   static_assert(detail::always_false<U>,
                 "ddiloco: std::vector<T> with T other than float is not fp32 storage; convert it to "
                 "std::vector<float> first.");
+  static constexpr bool rejected = true;
 };
 
 }  // namespace ddiloco
