@@ -1,0 +1,425 @@
+// ddiloco/outer_loop.hpp: the learner side of Decoupled DiLoCo.
+//
+// What it is: `OuterLoop<Transport, Tensor>`, the piece a user drops into an
+// existing training loop, over their own tensor type:
+//
+//     ddiloco::OuterLoop<Transport, Eigen::MatrixXf> outer(plan, transport, config);
+//     outer.join(params);                   // fetch the global state, become a learner
+//     for (;;) {
+//       inner_step(params);                 // the user's own optimizer step
+//       outer.step(params, tokens_this_step);
+//     }
+//
+// What it is not: an optimizer (the inner step is the user's) or a transport.
+//
+// Per fragment p the learner keeps a base (the values its next outer gradient
+// is measured from), the version of the last global it applied, the newest
+// global received, and counters since the last send or receipt
+// (algorithm.md 3). At each inner step t:
+//   1. drain the transport without blocking, keeping the newest global per fragment;
+//   2. for each fragment sent at step s with t >= s + tau whose newer global has
+//      arrived: theta_p <- alpha * theta_p + (1 - alpha) * Theta_p, base_p <- Theta_p,
+//      counters reset (algorithm.md 4.6). If it has not arrived, it is applied on
+//      arrival (non-blocking), or, in lock-step mode, step() waits for it
+//      (Streaming DiLoCo) for at most `lock_step_timeout`;
+//   3. if p is due at t (Schedule): send v = base_p - theta_p with the counters,
+//      then base_p <- theta_p and counters reset: each unit of local progress
+//      is sent exactly once, even when a global is lost or late (algorithm.md 6).
+// Host copies are made only of the fragment being sent or applied.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <ddiloco/clock.hpp>
+#include <ddiloco/error.hpp>
+#include <ddiloco/fragmenter.hpp>
+#include <ddiloco/message.hpp>
+#include <ddiloco/schedule.hpp>
+#include <ddiloco/tensor.hpp>
+
+namespace ddiloco {
+
+struct OuterLoopConfig {
+  LearnerId id = 0;             ///< this learner's id (unique among learners)
+  std::size_t sync_every = 24;  ///< H: inner steps between two sends of a fragment
+  std::size_t overlap = 2;      ///< tau: steps between a send and the application of its result
+  float alpha = 0.0f;           ///< mixing on receipt: 0 overwrites (Decoupled DiLoCo default)
+  bool lock_step = false;       ///< wait at send + tau for the result (Streaming DiLoCo, for comparison)
+  Duration join_timeout = std::chrono::seconds(30);
+  Duration lock_step_timeout = std::chrono::seconds(60);
+  Duration heartbeat_interval = std::chrono::seconds(1);
+};
+
+struct StepReport {
+  std::optional<std::size_t> sent;  ///< fragment sent at this step
+  std::size_t applied = 0;          ///< global fragments applied at this step
+  bool waited = false;              ///< lock-step: this step waited for a global
+};
+
+struct OuterLoopStatus {
+  std::uint64_t step = 0;
+  std::uint64_t tokens = 0;
+  std::uint64_t sends = 0;
+  std::uint64_t send_failures = 0;      ///< transport refused (progress kept for the next send)
+  std::uint64_t applies = 0;
+  std::uint64_t late_applies = 0;       ///< applied after send + tau (arrived late)
+  std::uint64_t received = 0;
+  std::uint64_t ignored = 0;            ///< foreign plan, bad index/size, old version
+  std::uint64_t heartbeats = 0;
+  std::uint64_t lock_step_waits = 0;
+  std::uint64_t lock_step_timeouts = 0;
+  std::uint64_t bytes_sent = 0;
+};
+
+template <class Transport, class T>
+  requires LearnerTransport<Transport> && Tensor<T>
+class OuterLoop {
+ public:
+  OuterLoop(const Plan& plan, Transport& transport, OuterLoopConfig config = {})
+      : plan_(&plan),
+        transport_(&transport),
+        config_(validated(config, plan)),
+        schedule_(plan.num_fragments(), config_.sync_every, config_.overlap),
+        frags_(plan.num_fragments()) {
+    for (std::size_t p = 0; p < frags_.size(); ++p) frags_[p].base.resize(plan.fragments()[p].numel);
+  }
+
+  /// Joins the run: asks the syncer for the global state, waits for it (at
+  /// most `join_timeout`), and writes it into `params`. `names`, if given, are
+  /// checked against the plan's tensor names.
+  void join(std::span<T> params, std::span<const std::string> names = {}) {
+    begin_join(params, names);
+    const TimePoint deadline = transport_->clock().now() + config_.join_timeout;
+    while (!poll_join(params)) {
+      check_transport();
+      auto m = transport_->receive_until(deadline);
+      if (m) {
+        on_message(std::move(*m));
+      } else if (transport_->clock().now() >= deadline) {
+        throw TransportError(detail::msg("OuterLoop::join: learner ", config_.id, " received ", join_received_,
+                                         " of ", frags_.size(), " fragments of the global state within ",
+                                         std::chrono::duration<double>(config_.join_timeout).count(),
+                                         " s; is the syncer running and reachable?"));
+      }
+    }
+  }
+
+  /// Non-blocking join, for drivers that run several learners in one thread:
+  /// begin_join() sends the request, poll_join() returns true once the state
+  /// has arrived and has been written into `params`.
+  void begin_join(std::span<T> params, std::span<const std::string> names = {}) {
+    check_params(params, names);
+    check_transport();
+    joined_ = false;
+    join_sequence_.reset();
+    join_received_ = 0;
+    pending_.clear();
+    for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false};
+    Message m = header(MessageType::join);
+    send(std::move(m));
+  }
+
+  bool poll_join(std::span<T> params) {
+    if (joined_) return true;
+    while (auto m = transport_->try_receive()) on_message(std::move(*m));
+    if (join_received_ < frags_.size()) return false;
+    check_params(params, {});
+    for (std::size_t p = 0; p < frags_.size(); ++p) apply(p, params, /*mix=*/false);
+    joined_ = true;
+    return true;
+  }
+
+  /// Call once after every inner step. Never blocks on the network unless
+  /// lock-step mode is on. `tokens`: tokens processed by this inner step.
+  StepReport step(std::span<T> params, std::int64_t tokens) {
+    if (!joined_) throw StateError("OuterLoop::step() called before join(); call join(params) first");
+    if (tokens < 0) throw InvalidArgument(detail::msg("OuterLoop::step: tokens = ", tokens, " must be >= 0"));
+    if (params.size() != plan_->num_tensors()) check_params(params, {});
+    check_transport();
+    ++step_;
+    tokens_total_ += static_cast<std::uint64_t>(tokens);
+    StepReport report;
+    drain();
+    report.applied = apply_due(params, report);
+    if (auto p = schedule_.due_at(step_)) {
+      if (send_fragment(*p, params)) report.sent = *p;
+    }
+    maybe_heartbeat();
+    return report;
+  }
+
+  /// Drains the transport and applies every global that is due, without
+  /// stepping. A single-threaded driver calls this while a lock-step learner
+  /// is waiting (see waiting_for_sync()).
+  std::size_t poll(std::span<T> params) {
+    if (!joined_) return 0;
+    drain();
+    StepReport ignored;
+    return apply_due(params, ignored, /*may_block=*/false);
+  }
+
+  /// Lock-step mode only: true when the next step() would have to wait for a
+  /// global fragment (a driver in virtual time uses this instead of blocking).
+  [[nodiscard]] bool waiting_for_sync() const {
+    if (!config_.lock_step || !joined_) return false;
+    for (std::size_t p : pending_)
+      if (step_ >= *frags_[p].sent_at + config_.overlap && !frags_[p].has_newer()) return true;
+    return false;
+  }
+
+  /// Tells the syncer this learner is going away (best effort).
+  void leave() {
+    if (!joined_) return;
+    send(header(MessageType::leave));
+    joined_ = false;
+  }
+
+  [[nodiscard]] bool joined() const noexcept { return joined_; }
+  [[nodiscard]] const OuterLoopStatus& status() const noexcept { return status_; }
+  [[nodiscard]] const Schedule& schedule() const noexcept { return schedule_; }
+  [[nodiscard]] const OuterLoopConfig& config() const noexcept { return config_; }
+  [[nodiscard]] std::uint64_t base_version(std::size_t p) const { return frags_.at(p).base_version; }
+
+ private:
+  struct FragmentState {
+    std::vector<float> base;
+    std::uint64_t base_version = 0;
+    Payload latest;  ///< newest global received and not yet applied
+    std::uint64_t latest_version = 0;
+    std::optional<std::uint64_t> sent_at;  ///< step of the last send awaiting its result
+    std::uint64_t steps_at_reset = 0;
+    std::uint64_t tokens_at_reset = 0;
+    bool received = false;
+
+    [[nodiscard]] bool has_newer() const noexcept { return latest && latest_version > base_version; }
+  };
+
+  static OuterLoopConfig validated(OuterLoopConfig c, const Plan& plan) {
+    if (!(c.alpha >= 0.0f && c.alpha < 1.0f))
+      throw InvalidArgument(detail::msg("OuterLoopConfig::alpha = ", c.alpha,
+                                        " must be in [0, 1): 0 overwrites the local fragment (default), 0.5 mixes"));
+    if (c.join_timeout <= Duration{0} || c.lock_step_timeout <= Duration{0} || c.heartbeat_interval <= Duration{0})
+      throw InvalidArgument("OuterLoopConfig: join_timeout, lock_step_timeout and heartbeat_interval must be > 0");
+    if (plan.num_fragments() == 0) throw InvalidArgument("OuterLoop: the plan has no fragments");
+    return c;
+  }
+
+  void check_transport() const {
+    if (transport_->failed())
+      throw TransportError(detail::msg("OuterLoop: learner ", config_.id,
+                                       "'s transport failed permanently; create a new transport and join again"));
+  }
+
+  void check_params(std::span<T> params, std::span<const std::string> names) const {
+    const auto& specs = plan_->tensors();
+    if (params.size() != specs.size())
+      throw ShapeMismatch(detail::msg("OuterLoop: got ", params.size(), " parameter tensors but the plan has ",
+                                      specs.size(), "; pass the model's tensors in plan order"));
+    if (!names.empty() && names.size() != specs.size())
+      throw ShapeMismatch(detail::msg("OuterLoop: got ", names.size(), " names for ", specs.size(), " tensors"));
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const auto n = tensor_size(params[i]);
+      if (n != specs[i].numel)
+        throw ShapeMismatch(detail::msg("OuterLoop: tensor ", i, " ('", specs[i].name, "') has ", n,
+                                        " elements but the plan says ", specs[i].numel));
+      if (!names.empty() && names[i] != specs[i].name)
+        throw ShapeMismatch(detail::msg("OuterLoop: tensor ", i, " is named '", names[i], "' but the plan has '",
+                                        specs[i].name, "' there; pass tensors in plan order"));
+    }
+  }
+
+  Message header(MessageType type) const {
+    Message m;
+    m.type = type;
+    m.fingerprint = plan_->fingerprint();
+    m.learner = config_.id;
+    m.step = step_;
+    return m;
+  }
+
+  bool send(Message&& m) {
+    const auto bytes = m.payload_bytes();
+    const bool ok = transport_->send(std::move(m));
+    last_send_ = transport_->clock().now();
+    if (ok) status_.bytes_sent += bytes;
+    return ok;
+  }
+
+  void maybe_heartbeat() {
+    if (transport_->clock().now() - last_send_ < config_.heartbeat_interval) return;
+    ++status_.heartbeats;
+    send(header(MessageType::heartbeat));
+  }
+
+  void drain() {
+    while (auto m = transport_->try_receive()) on_message(std::move(*m));
+  }
+
+  void on_message(Message&& m) {
+    ++status_.received;
+    const bool global = m.type == MessageType::global_fragment || m.type == MessageType::full_state;
+    if (!global || m.fingerprint != plan_->fingerprint() || m.learner != config_.id || m.fragment >= frags_.size() ||
+        !m.payload || m.payload->size() != frags_[m.fragment].base.size()) {
+      ++status_.ignored;
+      return;
+    }
+    auto& f = frags_[m.fragment];
+    if (m.type == MessageType::full_state && !joined_) {
+      // All fragments of one join reply carry the same sequence base.
+      if (join_sequence_ && *join_sequence_ != m.sequence) join_received_ = 0;
+      if (!join_sequence_ || *join_sequence_ != m.sequence) {
+        for (auto& g : frags_) g.received = false;
+        join_sequence_ = m.sequence;
+        sequence_ = m.sequence;
+      }
+      if (!f.received) {
+        f.received = true;
+        ++join_received_;
+      }
+      f.latest = std::move(m.payload);
+      f.latest_version = m.version;
+      f.base_version = 0;
+      return;
+    }
+    if (f.latest && m.version <= f.latest_version) {
+      ++status_.ignored;
+      return;
+    }
+    if (m.version <= f.base_version && joined_) {
+      ++status_.ignored;
+      return;
+    }
+    f.latest = std::move(m.payload);
+    f.latest_version = m.version;
+  }
+
+  /// Applies every pending fragment whose time has come and whose result is here.
+  std::size_t apply_due(std::span<T> params, StepReport& report, bool may_block = true) {
+    std::size_t applied = 0;
+    for (std::size_t i = 0; i < pending_.size();) {
+      const std::size_t p = pending_[i];
+      auto& f = frags_[p];
+      const std::uint64_t due = *f.sent_at + config_.overlap;
+      if (step_ < due) {
+        ++i;
+        continue;
+      }
+      if (!f.has_newer() && config_.lock_step && may_block) {
+        report.waited = true;
+        wait_for(p);
+      }
+      if (f.has_newer()) {
+        if (step_ > due) ++status_.late_applies;
+        apply(p, params, /*mix=*/true);
+        ++applied;
+        pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+    return applied;
+  }
+
+  void wait_for(std::size_t p) {
+    ++status_.lock_step_waits;
+    const TimePoint deadline = transport_->clock().now() + config_.lock_step_timeout;
+    while (!frags_[p].has_newer()) {
+      check_transport();
+      auto m = transport_->receive_until(deadline);
+      if (m) {
+        on_message(std::move(*m));
+      } else if (transport_->clock().now() >= deadline) {
+        ++status_.lock_step_timeouts;
+        return;
+      } else {
+        return;  // a virtual clock does not block: the driver advances time
+      }
+    }
+  }
+
+  /// theta_p <- alpha * theta_p + (1 - alpha) * Theta_p; base_p <- Theta_p.
+  void apply(std::size_t p, std::span<T> params, bool mix) {
+    auto& f = frags_[p];
+    const std::vector<float>& theta = *f.latest;
+    const auto& specs = plan_->tensors();
+    for (std::size_t t : plan_->fragments()[p].tensors) {
+      const std::size_t off = plan_->offset_in_fragment(t);
+      const std::size_t n = specs[t].numel;
+      std::span<const float> global(theta.data() + off, n);
+      if (!mix || config_.alpha == 0.0f) {
+        write_tensor(params[t], global);
+      } else {
+        scratch_.resize(n);
+        read_tensor(params[t], scratch_);
+        const float a = config_.alpha;
+        for (std::size_t i = 0; i < n; ++i) scratch_[i] = a * scratch_[i] + (1.0f - a) * global[i];
+        write_tensor(params[t], std::span<const float>(scratch_));
+      }
+    }
+    std::copy(theta.begin(), theta.end(), f.base.begin());
+    f.base_version = f.latest_version;
+    f.latest.reset();
+    f.sent_at.reset();
+    f.steps_at_reset = step_;
+    f.tokens_at_reset = tokens_total_;
+    ++status_.applies;
+  }
+
+  /// Sends fragment p's outer gradient v = base - theta, then base <- theta.
+  bool send_fragment(std::size_t p, std::span<T> params) {
+    auto& f = frags_[p];
+    const auto steps = static_cast<std::int64_t>(step_ - f.steps_at_reset);
+    if (steps <= 0) return false;  // nothing new since the last receipt
+    const auto& specs = plan_->tensors();
+    local_.resize(f.base.size());
+    for (std::size_t t : plan_->fragments()[p].tensors) {
+      const std::size_t off = plan_->offset_in_fragment(t);
+      read_tensor(params[t], std::span<float>(local_.data() + off, specs[t].numel));
+    }
+    std::vector<float> v(f.base.size());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = f.base[i] - local_[i];
+    Message m = header(MessageType::contribution);
+    m.fragment = static_cast<std::uint32_t>(p);
+    m.version = f.base_version;
+    m.sequence = sequence_ + 1;
+    m.steps = steps;
+    m.tokens = static_cast<std::int64_t>(tokens_total_ - f.tokens_at_reset);
+    m.payload = make_payload(std::move(v));
+    if (!send(std::move(m))) {
+      ++status_.send_failures;  // not queued: keep base and counters, the next send carries this progress
+      return false;
+    }
+    ++sequence_;
+    ++status_.sends;
+    f.base.swap(local_);
+    f.steps_at_reset = step_;
+    f.tokens_at_reset = tokens_total_;
+    if (!f.sent_at) pending_.push_back(p);
+    f.sent_at = step_;
+    return true;
+  }
+
+  const Plan* plan_;
+  Transport* transport_;
+  OuterLoopConfig config_;
+  Schedule schedule_;
+  std::vector<FragmentState> frags_;
+  std::vector<std::size_t> pending_;  ///< fragments sent and awaiting their result
+  std::vector<float> local_, scratch_;
+  std::uint64_t step_ = 0;
+  std::uint64_t tokens_total_ = 0;
+  std::uint64_t sequence_ = 0;
+  std::optional<std::uint64_t> join_sequence_;
+  std::size_t join_received_ = 0;
+  bool joined_ = false;
+  TimePoint last_send_{0};
+  OuterLoopStatus status_{};
+};
+
+}  // namespace ddiloco

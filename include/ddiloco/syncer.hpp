@@ -1,0 +1,592 @@
+// ddiloco/syncer.hpp: the syncer's state machine (algorithm.md 2, 3, 6).
+//
+// What it is: everything the syncer knows and decides: the global fragments,
+// the outer optimizer's state, a version per fragment, membership, the open
+// round of each fragment (a streaming merge accumulator: memory does not grow
+// with the number of learners), validation of every contribution, and the
+// quorum/grace decision. It turns incoming messages and the passing of time
+// into outgoing messages (an Outbox). It is thread-safe: membership has one
+// lock and each fragment its own, so contributions to different fragments are
+// validated and accumulated in parallel by a runtime's worker pool.
+// What it is not: a network loop or a thread pool (see syncer_runtime.hpp),
+// nor the maths of merging (merge.hpp), of the outer step
+// (outer_optimizer.hpp) or of waiting (quorum.hpp); those are policies.
+//
+// Round of fragment p (algorithm.md 3):
+//   1. contributions arrive; each valid one is added to p's accumulator with
+//      weight w = WeightRule(c_steps, c_tokens) (token weights by default);
+//   2. the wait policy decides (K distinct learners, then the grace window,
+//      bounded by a hard deadline) when to merge;
+//   3. merge: Delta = MergeRule.finish() (token-weighted RDA by default),
+//      Theta_p <- OuterOptimizer(Theta_p, Delta) (Nesterov by default),
+//      version_p += 1, and Theta_p goes to every live learner.
+// Rejections (never touch global state, each counted by reason): foreign plan
+// fingerprint, unknown learner, bad fragment index, wrong size, non-finite
+// values, norm far outside the recent range, inconsistent counters, duplicate
+// or replayed sequence, base version too old (answered with the current
+// fragment) or from the future.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <ddiloco/clock.hpp>
+#include <ddiloco/error.hpp>
+#include <ddiloco/fragmenter.hpp>
+#include <ddiloco/merge.hpp>
+#include <ddiloco/merge_weights.hpp>
+#include <ddiloco/message.hpp>
+#include <ddiloco/outer_optimizer.hpp>
+#include <ddiloco/quorum.hpp>
+
+namespace ddiloco {
+
+/// Why a message was refused. Every value is counted in SyncerStatus.
+enum class RejectReason : std::uint8_t {
+  foreign_plan,      ///< plan fingerprint differs from the syncer's
+  unknown_learner,   ///< learner never joined (or left)
+  bad_fragment,      ///< fragment index >= P
+  wrong_size,        ///< payload size differs from the fragment's element count
+  non_finite,        ///< NaN or infinity in the payload
+  norm_outlier,      ///< per-step norm far above the fragment's recent range
+  bad_counters,      ///< steps < 1, tokens < 0
+  duplicate,         ///< sequence already seen (duplicate, replay or reordered)
+  stale,             ///< base version older than the staleness bound
+  future_version,    ///< base version newer than the syncer's
+  unexpected_type,   ///< a syncer-to-learner message sent to the syncer
+  count_
+};
+inline constexpr std::size_t kRejectReasons = static_cast<std::size_t>(RejectReason::count_);
+
+constexpr std::string_view to_string(RejectReason r) noexcept {
+  constexpr std::array<std::string_view, kRejectReasons> names{
+      "foreign_plan", "unknown_learner", "bad_fragment", "wrong_size",     "non_finite",     "norm_outlier",
+      "bad_counters", "duplicate",       "stale",        "future_version", "unexpected_type"};
+  const auto i = static_cast<std::size_t>(r);
+  return i < names.size() ? names[i] : "unknown";
+}
+
+struct SyncerConfig {
+  /// K, tau, gamma, cap, deadline of the wait policy (algorithm.md 4.5).
+  QuorumConfig quorum{};
+  /// A contribution whose base version is more than this many versions behind
+  /// the fragment's current version is rejected and answered with the current
+  /// fragment (algorithm.md 6).
+  std::uint64_t max_staleness = 8;
+  /// A learner not heard from for this long is declared dead (not counted as
+  /// alive by the quorum; it comes back with its next valid message).
+  Duration heartbeat_timeout = std::chrono::seconds(10);
+  /// Reject a contribution whose norm per inner step exceeds this factor times
+  /// the moving average of accepted ones (after `norm_warmup` accepted ones).
+  double norm_outlier_factor = 50.0;
+  std::size_t norm_warmup = 4;
+};
+
+/// Validates a SyncerConfig; throws InvalidArgument naming the bad field.
+inline void validate(const SyncerConfig& c) {
+  if (c.max_staleness == 0)
+    throw InvalidArgument("SyncerConfig::max_staleness = 0 would reject every contribution made while a "
+                          "merge was in flight; use >= 1 (default 8)");
+  if (c.heartbeat_timeout <= Duration{0})
+    throw InvalidArgument(detail::msg("SyncerConfig::heartbeat_timeout = ", c.heartbeat_timeout.count(),
+                                      " ns must be > 0"));
+  if (!(c.norm_outlier_factor > 1.0) || !std::isfinite(c.norm_outlier_factor))
+    throw InvalidArgument(detail::msg("SyncerConfig::norm_outlier_factor = ", c.norm_outlier_factor,
+                                      " must be a finite number > 1 (default 50)"));
+}
+
+/// A message the syncer wants delivered.
+struct Outgoing {
+  LearnerId to = 0;
+  Message message;
+};
+using Outbox = std::vector<Outgoing>;
+
+struct FragmentStatus {
+  std::uint64_t version = 0;
+  std::uint64_t merges = 0;
+  std::size_t open_contributions = 0;     ///< in the current round
+  std::size_t last_quorum_size = 0;       ///< contributions in the latest merge
+  std::uint64_t contributions_merged = 0; ///< over all merges
+  std::uint64_t grace_waits = 0;          ///< merges that waited for a grace window
+  std::uint64_t deadline_merges = 0;      ///< merges forced by the hard deadline
+};
+
+struct SyncerStatus {
+  std::size_t learners_known = 0;
+  std::size_t learners_alive = 0;
+  std::uint64_t joins = 0;
+  std::uint64_t leaves = 0;
+  std::uint64_t deaths = 0;  ///< heartbeat time-outs
+  std::uint64_t merges = 0;
+  std::uint64_t contributions_accepted = 0;
+  std::uint64_t bytes_in = 0;
+  std::uint64_t bytes_out = 0;
+  std::array<std::uint64_t, kRejectReasons> rejected{};
+  std::vector<FragmentStatus> fragments;
+  /// Histogram: quorum_sizes[k] = number of merges that combined k contributions.
+  std::vector<std::uint64_t> quorum_sizes;
+
+  [[nodiscard]] std::uint64_t rejected_total() const noexcept {
+    std::uint64_t n = 0;
+    for (auto r : rejected) n += r;
+    return n;
+  }
+  [[nodiscard]] double mean_quorum_size() const noexcept {
+    double n = 0, s = 0;
+    for (std::size_t k = 0; k < quorum_sizes.size(); ++k) {
+      n += static_cast<double>(quorum_sizes[k]);
+      s += static_cast<double>(k) * static_cast<double>(quorum_sizes[k]);
+    }
+    return n > 0 ? s / n : 0.0;
+  }
+  /// One line for progress output.
+  [[nodiscard]] std::string line() const {
+    std::string rej;
+    for (std::size_t i = 0; i < kRejectReasons; ++i) {
+      if (rejected[i] == 0) continue;
+      rej += detail::msg(rej.empty() ? "" : ",", to_string(static_cast<RejectReason>(i)), "=", rejected[i]);
+    }
+    return detail::msg("alive ", learners_alive, "/", learners_known, " merges ", merges, " mean-quorum ",
+                       static_cast<double>(static_cast<int>(mean_quorum_size() * 100)) / 100, " accepted ",
+                       contributions_accepted, " rejected ", rejected_total(), rej.empty() ? "" : " (", rej,
+                       rej.empty() ? "" : ")", " in ", bytes_in / 1024, " KiB out ", bytes_out / 1024, " KiB");
+  }
+};
+
+template <MergeRule Rule = RadialDirectional, OuterOptimizer Opt = NesterovSGD, WeightRule Weights = TokenWeights,
+          WaitPolicy Wait = QuorumPolicy>
+class Syncer {
+ public:
+  /// `initial` holds the model's parameters in plan order (tensor 0, 1, ...),
+  /// concatenated: plan.total_numel() floats.
+  Syncer(Plan plan, std::span<const float> initial, const Clock& clock, SyncerConfig config = {},
+         Rule rule = Rule(), Opt optimizer = Opt(), Weights weights = Weights())
+      : plan_(std::move(plan)),
+        config_(config),
+        clock_(&clock),
+        rule_(std::move(rule)),
+        opt_(std::move(optimizer)),
+        weights_(std::move(weights)),
+        fragments_(plan_.num_fragments()) {
+    validate(config_);
+    std::size_t off = 0;
+    tensor_offsets_.reserve(plan_.num_tensors());
+    for (const auto& spec : plan_.tensors()) {
+      tensor_offsets_.push_back(off);
+      off += spec.numel;
+    }
+    if (initial.size() != plan_.total_numel())
+      throw ShapeMismatch(detail::msg("Syncer: initial parameters have ", initial.size(),
+                                      " elements but the plan covers ", plan_.total_numel(),
+                                      "; pass every tensor of the plan, concatenated in plan order"));
+    for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      auto& f = fragments_[p];
+      f.theta.resize(plan_.fragments()[p].numel);
+      gather(p, initial, f.theta);
+      f.state.assign(opt_.state_size(f.theta.size()), 0.0f);
+      f.delta.resize(f.theta.size());
+      f.acc.emplace(rule_.make_accumulator(plan_.layout(p)));
+      f.wait.emplace(Wait(config_.quorum));
+      f.published = make_payload(f.theta);
+    }
+  }
+
+  Syncer(const Syncer&) = delete;
+  Syncer& operator=(const Syncer&) = delete;
+
+  [[nodiscard]] const Plan& plan() const noexcept { return plan_; }
+  [[nodiscard]] const SyncerConfig& config() const noexcept { return config_; }
+
+  /// Handles one incoming message; replies go to `out`. Never throws for bad
+  /// input: a bad message is counted and dropped (or answered).
+  void handle(const Message& m, Outbox& out) {
+    const TimePoint now = clock_->now();
+    count_in(m);
+    if (m.fingerprint != plan_.fingerprint()) return reject(RejectReason::foreign_plan);
+    switch (m.type) {
+      case MessageType::join: return on_join(m, now, out);
+      case MessageType::leave: return on_leave(m);
+      case MessageType::heartbeat: return on_heartbeat(m, now);
+      case MessageType::contribution: return on_contribution(m, now, out);
+      case MessageType::full_state:
+      case MessageType::global_fragment: return reject(RejectReason::unexpected_type);
+    }
+    reject(RejectReason::unexpected_type);
+  }
+
+  /// Lets time pass: declares silent learners dead and merges every fragment
+  /// whose wait is over. Call it at (or after) next_wakeup().
+  void tick(Outbox& out) {
+    expire_learners();
+    for (std::size_t p = 0; p < fragments_.size(); ++p) merge_if_due(p, out);
+  }
+
+  /// Declares learners not heard from within the heartbeat time-out dead.
+  void expire_learners() {
+    const TimePoint now = clock_->now();
+    std::unique_lock lock(members_mutex_);
+    for (auto& [id, l] : learners_) {
+      if (l.alive && now - l.last_seen >= config_.heartbeat_timeout) {
+        l.alive = false;
+        ++counters_.deaths;
+      }
+    }
+  }
+
+  /// Merges fragment p if its wait policy says so now. Returns true if merged.
+  bool merge_if_due(std::size_t p, Outbox& out) {
+    auto& f = fragments_.at(p);
+    std::unique_lock lock(f.mutex);
+    return decide_and_merge(p, f, clock_->now(), out);
+  }
+
+  /// Fragments whose round has a decision due at or before `now`.
+  [[nodiscard]] std::vector<std::size_t> due_fragments(TimePoint now) const {
+    std::vector<std::size_t> due;
+    for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      std::unique_lock lock(fragments_[p].mutex);
+      if (fragments_[p].wake && *fragments_[p].wake <= now) due.push_back(p);
+    }
+    return due;
+  }
+
+  /// The earliest time at which tick() has something to do (a round's wait
+  /// ends or a learner's heartbeat expires); nullopt if nothing is pending.
+  [[nodiscard]] std::optional<TimePoint> next_wakeup() const {
+    std::optional<TimePoint> t;
+    auto consider = [&](TimePoint x) {
+      if (!t || x < *t) t = x;
+    };
+    for (const auto& f : fragments_) {
+      std::unique_lock lock(f.mutex);
+      if (f.wake) consider(*f.wake);
+    }
+    std::unique_lock lock(members_mutex_);
+    for (const auto& [id, l] : learners_)
+      if (l.alive) consider(l.last_seen + config_.heartbeat_timeout);
+    return t;
+  }
+
+  /// A copy of fragment p's global values and its version.
+  [[nodiscard]] std::pair<std::vector<float>, std::uint64_t> fragment(std::size_t p) const {
+    const auto& f = fragments_.at(p);
+    std::unique_lock lock(f.mutex);
+    return {f.theta, f.version};
+  }
+
+  /// The whole global model in plan order (tensor 0, 1, ...), concatenated.
+  [[nodiscard]] std::vector<float> global_parameters() const {
+    std::vector<float> flat(plan_.total_numel());
+    for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      const auto& f = fragments_[p];
+      std::unique_lock lock(f.mutex);
+      scatter(p, f.theta, flat);
+    }
+    return flat;
+  }
+
+  [[nodiscard]] SyncerStatus status() const {
+    SyncerStatus s;
+    {
+      std::unique_lock lock(members_mutex_);
+      s = counters_;
+      s.learners_known = learners_.size();
+      s.learners_alive = static_cast<std::size_t>(
+          std::count_if(learners_.begin(), learners_.end(), [](const auto& kv) { return kv.second.alive; }));
+    }
+    s.fragments.resize(fragments_.size());
+    for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      const auto& f = fragments_[p];
+      std::unique_lock lock(f.mutex);
+      s.fragments[p] = f.status;
+      s.fragments[p].version = f.version;
+      s.fragments[p].open_contributions = f.round.contributions;
+      s.merges += f.status.merges;
+      if (s.quorum_sizes.size() < f.quorum_sizes.size()) s.quorum_sizes.resize(f.quorum_sizes.size());
+      for (std::size_t k = 0; k < f.quorum_sizes.size(); ++k) s.quorum_sizes[k] += f.quorum_sizes[k];
+      s.contributions_accepted += f.accepted;
+      s.rejected[static_cast<std::size_t>(RejectReason::duplicate)] += f.rejected_duplicate;
+      s.rejected[static_cast<std::size_t>(RejectReason::stale)] += f.rejected_stale;
+      s.rejected[static_cast<std::size_t>(RejectReason::future_version)] += f.rejected_future;
+      s.rejected[static_cast<std::size_t>(RejectReason::norm_outlier)] += f.rejected_norm;
+    }
+    return s;
+  }
+
+  /// Number of learners alive now (counted by the quorum).
+  [[nodiscard]] std::size_t alive() const {
+    std::unique_lock lock(members_mutex_);
+    return alive_count_locked();
+  }
+
+ private:
+  struct LearnerInfo {
+    std::uint64_t incarnation = 0;
+    std::uint64_t first_sequence = 0;  ///< sequences <= this are from an older incarnation
+    TimePoint last_seen{0};
+    bool alive = false;
+    std::optional<std::pair<TimePoint, std::uint64_t>> last_contribution;  ///< (arrival, step) for xi_step
+  };
+
+  struct FragmentState {
+    mutable std::mutex mutex;
+    std::vector<float> theta;  ///< Theta_p, the global values
+    std::vector<float> state;  ///< outer optimizer state
+    std::vector<float> delta;  ///< scratch: the merged outer gradient
+    std::uint64_t version = 0;
+    Payload published;         ///< Theta_p as last broadcast (shared by all receivers)
+    std::optional<typename Rule::Accumulator> acc;
+    std::optional<Wait> wait;
+    RoundState round{};
+    std::set<LearnerId> contributors;  ///< distinct learners in the open round
+    std::map<LearnerId, std::uint64_t> last_sequence;
+    std::optional<TimePoint> wake;
+    double norm_ema = 0.0;  ///< moving average of accepted per-step norms
+    std::size_t norm_samples = 0;
+    FragmentStatus status{};
+    std::vector<std::uint64_t> quorum_sizes;
+    std::uint64_t accepted = 0, rejected_duplicate = 0, rejected_stale = 0, rejected_future = 0,
+                  rejected_norm = 0;
+  };
+
+  // ---- plan order <-> fragment buffers ----------------------------------
+  void gather(std::size_t p, std::span<const float> flat, std::span<float> frag) const {
+    for (std::size_t t : plan_.fragments()[p].tensors) {
+      const auto off = tensor_offset(t);
+      const auto n = plan_.tensors()[t].numel;
+      std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(off), n,
+                  frag.begin() + static_cast<std::ptrdiff_t>(plan_.offset_in_fragment(t)));
+    }
+  }
+  void scatter(std::size_t p, std::span<const float> frag, std::span<float> flat) const {
+    for (std::size_t t : plan_.fragments()[p].tensors) {
+      const auto n = plan_.tensors()[t].numel;
+      std::copy_n(frag.begin() + static_cast<std::ptrdiff_t>(plan_.offset_in_fragment(t)), n,
+                  flat.begin() + static_cast<std::ptrdiff_t>(tensor_offset(t)));
+    }
+  }
+  std::size_t tensor_offset(std::size_t t) const { return tensor_offsets_[t]; }
+
+  // ---- counters -----------------------------------------------------------
+  void count_in(const Message& m) {
+    std::unique_lock lock(members_mutex_);
+    counters_.bytes_in += sizeof(Message) + m.payload_bytes();
+  }
+  void count_out(const Outbox& out, std::size_t from) {
+    std::uint64_t bytes = 0;
+    for (std::size_t i = from; i < out.size(); ++i) bytes += sizeof(Message) + out[i].message.payload_bytes();
+    std::unique_lock lock(members_mutex_);
+    counters_.bytes_out += bytes;
+  }
+  void reject(RejectReason r) {
+    std::unique_lock lock(members_mutex_);
+    ++counters_.rejected[static_cast<std::size_t>(r)];
+  }
+  std::size_t alive_count_locked() const {
+    return static_cast<std::size_t>(
+        std::count_if(learners_.begin(), learners_.end(), [](const auto& kv) { return kv.second.alive; }));
+  }
+
+  Message global_message(std::size_t p, const FragmentState& f, LearnerId to, MessageType type) const {
+    Message m;
+    m.type = type;
+    m.fingerprint = plan_.fingerprint();
+    m.learner = to;
+    m.fragment = static_cast<std::uint32_t>(p);
+    m.version = f.version;
+    m.payload = f.published;
+    return m;
+  }
+
+  // ---- membership ---------------------------------------------------------
+  void on_join(const Message& m, TimePoint now, Outbox& out) {
+    std::uint64_t first_sequence = 0;
+    {
+      std::unique_lock lock(members_mutex_);
+      auto& l = learners_[m.learner];
+      ++l.incarnation;
+      // Each incarnation gets its own sequence space, so a late message from a
+      // previous incarnation can never be mistaken for a new one.
+      l.first_sequence = l.incarnation << 32;
+      l.last_seen = now;
+      l.alive = true;
+      l.last_contribution.reset();
+      first_sequence = l.first_sequence;
+      ++counters_.joins;
+    }
+    const std::size_t from = out.size();
+    for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      auto& f = fragments_[p];
+      std::unique_lock lock(f.mutex);
+      f.last_sequence[m.learner] = first_sequence;
+      Message reply = global_message(p, f, m.learner, MessageType::full_state);
+      reply.sequence = first_sequence;
+      out.push_back({m.learner, std::move(reply)});
+    }
+    count_out(out, from);
+  }
+
+  void on_leave(const Message& m) {
+    std::unique_lock lock(members_mutex_);
+    auto it = learners_.find(m.learner);
+    if (it == learners_.end()) {
+      ++counters_.rejected[static_cast<std::size_t>(RejectReason::unknown_learner)];
+      return;
+    }
+    if (it->second.alive) ++counters_.leaves;
+    it->second.alive = false;
+  }
+
+  /// Marks a known learner as heard from now. False if the learner is unknown.
+  bool touch(LearnerId id, TimePoint now, std::optional<std::uint64_t> step = std::nullopt,
+             std::optional<Duration>* step_time = nullptr) {
+    std::unique_lock lock(members_mutex_);
+    auto it = learners_.find(id);
+    if (it == learners_.end()) {
+      ++counters_.rejected[static_cast<std::size_t>(RejectReason::unknown_learner)];
+      return false;
+    }
+    auto& l = it->second;
+    l.last_seen = std::max(l.last_seen, now);
+    l.alive = true;
+    if (step) {
+      if (l.last_contribution && *step > l.last_contribution->second && now > l.last_contribution->first) {
+        const auto steps = *step - l.last_contribution->second;
+        if (step_time) *step_time = (now - l.last_contribution->first) / static_cast<Duration::rep>(steps);
+      }
+      l.last_contribution = std::make_pair(now, *step);
+    }
+    return true;
+  }
+
+  void on_heartbeat(const Message& m, TimePoint now) { touch(m.learner, now); }
+
+  // ---- contributions ------------------------------------------------------
+  void on_contribution(const Message& m, TimePoint now, Outbox& out) {
+    if (m.fragment >= fragments_.size()) return reject(RejectReason::bad_fragment);
+    const std::size_t p = m.fragment;
+    auto& f = fragments_[p];
+    if (m.payload_size() != f.theta.size()) return reject(RejectReason::wrong_size);
+    if (m.steps < 1 || m.tokens < 0) return reject(RejectReason::bad_counters);
+    // One pass over the payload: finiteness and norm.
+    double sq = 0.0;
+    for (float x : *m.payload) {
+      if (!std::isfinite(x)) return reject(RejectReason::non_finite);
+      sq += static_cast<double>(x) * static_cast<double>(x);
+    }
+    const double per_step_norm = std::sqrt(sq) / static_cast<double>(m.steps);
+    std::optional<Duration> step_time;
+    if (!touch(m.learner, now, m.step, &step_time)) return;
+    const double weight = weights_(Counters{m.steps, m.tokens});
+
+    std::unique_lock lock(f.mutex);
+    if (step_time) f.wait->observe_step_time(*step_time);
+    auto& last = f.last_sequence[m.learner];
+    if (m.sequence <= last) {
+      ++f.rejected_duplicate;
+      return;
+    }
+    if (m.version > f.version) {
+      ++f.rejected_future;
+      return;
+    }
+    if (f.version - m.version > config_.max_staleness) {
+      ++f.rejected_stale;
+      last = m.sequence;  // answered: a replay of this one is a duplicate
+      const std::size_t from = out.size();
+      out.push_back({m.learner, global_message(p, f, m.learner, MessageType::global_fragment)});
+      lock.unlock();
+      count_out(out, from);
+      return;
+    }
+    if (f.norm_samples >= config_.norm_warmup && per_step_norm > config_.norm_outlier_factor * f.norm_ema) {
+      ++f.rejected_norm;
+      return;
+    }
+    last = m.sequence;
+    f.norm_ema = f.norm_samples == 0 ? per_step_norm : 0.9 * f.norm_ema + 0.1 * per_step_norm;
+    ++f.norm_samples;
+    ++f.accepted;
+    if (weight > 0.0) {
+      f.acc->add(std::span<const float>(*m.payload), weight);
+      if (f.round.contributions == 0 && f.contributors.empty()) {
+        f.round = RoundState{};
+        f.round.start = now;
+      }
+      if (f.contributors.insert(m.learner).second) f.round.contributions = f.contributors.size();
+    }
+    decide_and_merge(p, f, now, out);
+  }
+
+  /// Asks the wait policy about fragment p's round; merges if told to.
+  /// Caller holds f.mutex.
+  bool decide_and_merge(std::size_t p, FragmentState& f, TimePoint now, Outbox& out) {
+    f.round.alive = alive();
+    const WaitDecision d = f.wait->decide(f.round, now);
+    switch (d.kind) {
+      case WaitDecision::Kind::idle: f.wake.reset(); return false;
+      case WaitDecision::Kind::wait_until: f.wake = d.until; return false;
+      case WaitDecision::Kind::merge_now: break;
+    }
+    merge(p, f, now, d, out);
+    return true;
+  }
+
+  void merge(std::size_t p, FragmentState& f, TimePoint now, const WaitDecision& d, Outbox& out) {
+    const TimePoint started = clock_->now();
+    f.acc->finish(f.delta);
+    opt_.step(f.theta, f.delta, f.state);
+    ++f.version;
+    f.published = make_payload(f.theta);
+    const std::size_t k = f.contributors.size();
+    if (f.quorum_sizes.size() <= k) f.quorum_sizes.resize(k + 1);
+    ++f.quorum_sizes[k];
+    ++f.status.merges;
+    f.status.last_quorum_size = k;
+    f.status.contributions_merged += k;
+    if (f.round.quorum_at && now > *f.round.quorum_at && d.reason.find("grace") != std::string_view::npos)
+      ++f.status.grace_waits;
+    if (d.reason.find("deadline") != std::string_view::npos) ++f.status.deadline_merges;
+    f.acc->reset();
+    f.contributors.clear();
+    f.round = RoundState{};
+    f.wake.reset();
+    std::vector<LearnerId> alive_ids;
+    {
+      std::unique_lock lock(members_mutex_);
+      for (const auto& [id, l] : learners_)
+        if (l.alive) alive_ids.push_back(id);
+    }
+    const std::size_t from = out.size();
+    for (LearnerId id : alive_ids)
+      out.push_back({id, global_message(p, f, id, MessageType::global_fragment)});
+    f.wait->observe_sync_time(clock_->now() - started);
+    count_out(out, from);
+  }
+
+  Plan plan_;
+  SyncerConfig config_;
+  const Clock* clock_;
+  Rule rule_;
+  Opt opt_;
+  Weights weights_;
+  std::vector<FragmentState> fragments_;
+  std::vector<std::size_t> tensor_offsets_;  ///< element offset of each tensor in plan order
+
+  mutable std::mutex members_mutex_;
+  std::map<LearnerId, LearnerInfo> learners_;
+  SyncerStatus counters_{};
+};
+
+}  // namespace ddiloco

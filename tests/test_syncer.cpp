@@ -1,0 +1,401 @@
+// Tests for ddiloco/syncer.hpp: the syncer's state machine, driven directly
+// with crafted messages on a virtual clock (no transport, no threads).
+#include <ddiloco/syncer.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+using namespace ddiloco;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Two fragments: {w (4 elements)} and {b (2 elements)}; BalancedGreedy puts the
+// larger tensor alone.
+Plan small_plan() { return make_plan({{"w", 4, false}, {"b", 2, false}}, 2); }
+
+struct Rig {
+  VirtualClock clock;
+  Plan plan = small_plan();
+  std::vector<float> init = std::vector<float>(6, 1.0f);
+  SyncerConfig config;
+  Outbox out;
+
+  template <class S>
+  void join(S& s, LearnerId id) {
+    Message m;
+    m.type = MessageType::join;
+    m.fingerprint = plan.fingerprint();
+    m.learner = id;
+    s.handle(m, out);
+  }
+  Message contribution(LearnerId id, std::size_t fragment, float value, std::uint64_t seq,
+                       std::uint64_t version = 0, std::int64_t steps = 10, std::int64_t tokens = 100) const {
+    Message m;
+    m.type = MessageType::contribution;
+    m.fingerprint = plan.fingerprint();
+    m.learner = id;
+    m.fragment = static_cast<std::uint32_t>(fragment);
+    m.version = version;
+    m.sequence = seq;
+    m.steps = steps;
+    m.tokens = tokens;
+    m.step = static_cast<std::uint64_t>(steps);
+    m.payload = make_payload(std::vector<float>(plan.fragments()[fragment].numel, value));
+    return m;
+  }
+  std::size_t fragment_of_w() const { return plan.fragment_of(0); }
+  // First sequence number of a learner's first incarnation (see Syncer::on_join).
+  static std::uint64_t seq0() { return std::uint64_t{1} << 32; }
+  std::size_t count(MessageType t) const {
+    return static_cast<std::size_t>(
+        std::count_if(out.begin(), out.end(), [t](const Outgoing& o) { return o.message.type == t; }));
+  }
+};
+
+SyncerConfig k_of(std::size_t k, bool grace = false) {
+  SyncerConfig c;
+  c.quorum.min_quorum = k;
+  c.quorum.grace = grace;
+  c.quorum.deadline = 10s;
+  c.heartbeat_timeout = 5s;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("A join is answered with the full state: one full_state message per fragment", "[syncer]") {
+  Rig r;
+  Syncer<> s(r.plan, r.init, r.clock, k_of(1));
+  r.join(s, 7);
+  REQUIRE(r.count(MessageType::full_state) == r.plan.num_fragments());
+  for (const auto& o : r.out) {
+    CHECK(o.to == 7);
+    CHECK(o.message.version == 0);
+    CHECK(o.message.sequence == Rig::seq0());
+    CHECK(o.message.payload_size() == r.plan.fragments()[o.message.fragment].numel);
+  }
+  CHECK(s.alive() == 1);
+}
+
+TEST_CASE("With K = 1 and no grace a single contribution is merged at once and broadcast to every live learner",
+          "[syncer]") {
+  Rig r;
+  SyncerConfig c = k_of(1);
+  Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, c);
+  r.join(s, 1);
+  r.join(s, 2);
+  r.out.clear();
+  const auto p = r.fragment_of_w();
+  s.handle(r.contribution(1, p, 0.25f, Rig::seq0() + 1), r.out);
+  // AverageOnly: Theta <- Theta - Delta = 1 - 0.25.
+  auto [theta, version] = s.fragment(p);
+  CHECK(version == 1);
+  for (float x : theta) CHECK(x == Approx(0.75f));
+  REQUIRE(r.count(MessageType::global_fragment) == 2);
+  CHECK(s.status().quorum_sizes.at(1) == 1);
+}
+
+TEST_CASE("With K = 2 the first contribution waits and the second forms the quorum", "[syncer]") {
+  Rig r;
+  Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, k_of(2));
+  for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
+  r.out.clear();
+  const auto p = r.fragment_of_w();
+  s.handle(r.contribution(1, p, 0.2f, Rig::seq0() + 1), r.out);
+  CHECK(s.fragment(p).second == 0);
+  CHECK(r.out.empty());
+  REQUIRE(s.next_wakeup().has_value());
+  s.handle(r.contribution(2, p, 0.4f, Rig::seq0() + 1), r.out);
+  auto [theta, version] = s.fragment(p);
+  CHECK(version == 1);
+  for (float x : theta) CHECK(x == Approx(1.0f - 0.3f));  // uniform average of 0.2 and 0.4
+  CHECK(s.status().fragments[p].last_quorum_size == 2);
+}
+
+TEST_CASE("Below the quorum the hard deadline forces a merge of what has arrived", "[syncer]") {
+  Rig r;
+  Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, k_of(3));
+  for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
+  const auto p = r.fragment_of_w();
+  s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 1), r.out);
+  r.clock.advance(9s);
+  // Keep the others alive so only the deadline can end the round.
+  for (LearnerId id : {2u, 3u}) {
+    Message hb;
+    hb.type = MessageType::heartbeat;
+    hb.fingerprint = r.plan.fingerprint();
+    hb.learner = id;
+    s.handle(hb, r.out);
+  }
+  s.tick(r.out);
+  CHECK(s.fragment(p).second == 0);
+  r.clock.advance(1s);
+  REQUIRE(s.next_wakeup().value() <= r.clock.now());
+  s.tick(r.out);
+  CHECK(s.fragment(p).second == 1);
+  CHECK(s.status().fragments[p].deadline_merges == 1);
+}
+
+TEST_CASE("The grace window delays the merge after the quorum and gathers a late contribution", "[syncer]") {
+  Rig r;
+  SyncerConfig c = k_of(1, /*grace=*/true);
+  c.quorum.overlap = 2;
+  c.quorum.gamma = 0.5;
+  c.quorum.cap = 1s;
+  Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, c);
+  for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
+  const auto p = r.fragment_of_w();
+  // Two contributions from learner 1, 10 steps apart and 1 s apart: xi_step = 100 ms.
+  s.handle(r.contribution(1, p, 0.1f, Rig::seq0() + 1, 0, 10), r.out);
+  // The first round merges only after its grace (no step time known yet: slack 0 -> grace 0).
+  CHECK(s.fragment(p).second == 1);
+  r.clock.advance(1s);
+  Message second = r.contribution(1, p, 0.1f, Rig::seq0() + 2, 1, 10);
+  second.step = 20;
+  s.handle(second, r.out);
+  // Now xi_step = 1 s / 10 steps = 100 ms, xi_quorum = 0, xi_sync = 0 (virtual
+  // time): grace = gamma * tau * xi_step = 0.5 * 2 * 100 ms = 100 ms.
+  CHECK(s.fragment(p).second == 1);
+  REQUIRE(s.next_wakeup().has_value());
+  CHECK((*s.next_wakeup() - r.clock.now()) == 100ms);
+  r.clock.advance(100ms);
+  s.tick(r.out);
+  CHECK(s.fragment(p).second == 2);
+  r.clock.advance(900ms);
+  Message third = r.contribution(1, p, 0.1f, Rig::seq0() + 3, 2, 10);
+  third.step = 30;
+  s.handle(third, r.out);
+  CHECK(s.fragment(p).second == 2);  // waiting in the grace window
+  const auto wake = s.next_wakeup();
+  REQUIRE(wake.has_value());
+  CHECK((*wake - r.clock.now()) == 100ms);
+  r.clock.advance(50ms);
+  s.handle(r.contribution(2, p, 0.3f, Rig::seq0() + 1, 2, 10), r.out);  // arrives within the grace
+  r.clock.advance(50ms);
+  s.tick(r.out);
+  CHECK(s.fragment(p).second == 3);
+  CHECK(s.status().fragments[p].last_quorum_size == 2);
+  CHECK(s.status().fragments[p].grace_waits >= 1);
+}
+
+TEST_CASE("A duplicate or replayed contribution is merged at most once", "[syncer]") {
+  Rig r;
+  Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, k_of(1));
+  r.join(s, 1);
+  const auto p = r.fragment_of_w();
+  const Message m = r.contribution(1, p, 0.25f, Rig::seq0() + 1);
+  s.handle(m, r.out);
+  s.handle(m, r.out);  // duplicate
+  auto [theta, version] = s.fragment(p);
+  CHECK(version == 1);
+  for (float x : theta) CHECK(x == Approx(0.75f));
+  CHECK(s.status().rejected[static_cast<std::size_t>(RejectReason::duplicate)] == 1);
+}
+
+TEST_CASE("After a rejoin, messages of the learner's previous incarnation are rejected", "[syncer]") {
+  Rig r;
+  Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, k_of(1));
+  r.join(s, 1);
+  const auto p = r.fragment_of_w();
+  const Message old = r.contribution(1, p, 0.25f, Rig::seq0() + 5);
+  r.join(s, 1);  // restarted: second incarnation
+  r.out.clear();
+  s.handle(old, r.out);
+  CHECK(s.fragment(p).second == 0);
+  CHECK(s.status().rejected[static_cast<std::size_t>(RejectReason::duplicate)] == 1);
+  s.handle(r.contribution(1, p, 0.25f, (std::uint64_t{2} << 32) + 1), r.out);
+  CHECK(s.fragment(p).second == 1);
+}
+
+TEST_CASE("A contribution against a base older than the bound is rejected and answered with the current fragment",
+          "[syncer]") {
+  Rig r;
+  SyncerConfig c = k_of(1);
+  c.max_staleness = 2;
+  Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, c);
+  r.join(s, 1);
+  r.join(s, 2);
+  const auto p = r.fragment_of_w();
+  for (std::uint64_t i = 1; i <= 3; ++i) s.handle(r.contribution(1, p, 0.01f, Rig::seq0() + i, i - 1), r.out);
+  REQUIRE(s.fragment(p).second == 3);
+  const auto before = s.fragment(p).first;
+  r.out.clear();
+  s.handle(r.contribution(2, p, 0.5f, Rig::seq0() + 1, /*version=*/0), r.out);  // 3 behind > 2
+  CHECK(s.fragment(p).first == before);
+  CHECK(s.status().rejected[static_cast<std::size_t>(RejectReason::stale)] == 1);
+  REQUIRE(r.out.size() == 1);
+  CHECK(r.out[0].to == 2);
+  CHECK(r.out[0].message.type == MessageType::global_fragment);
+  CHECK(r.out[0].message.version == 3);
+}
+
+TEST_CASE("Malformed contributions are rejected by reason and never change the global state", "[syncer]") {
+  Rig r;
+  Syncer<> s(r.plan, r.init, r.clock, k_of(1));
+  r.join(s, 1);
+  const auto p = r.fragment_of_w();
+  const auto before = s.global_parameters();
+  auto reason = [&](RejectReason why) { return s.status().rejected[static_cast<std::size_t>(why)]; };
+
+  Message foreign = r.contribution(1, p, 0.1f, Rig::seq0() + 1);
+  foreign.fingerprint ^= 1;
+  s.handle(foreign, r.out);
+  CHECK(reason(RejectReason::foreign_plan) == 1);
+
+  Message unknown = r.contribution(99, p, 0.1f, Rig::seq0() + 1);
+  s.handle(unknown, r.out);
+  CHECK(reason(RejectReason::unknown_learner) == 1);
+
+  Message bad_fragment = r.contribution(1, p, 0.1f, Rig::seq0() + 1);
+  bad_fragment.fragment = 7;
+  s.handle(bad_fragment, r.out);
+  CHECK(reason(RejectReason::bad_fragment) == 1);
+
+  Message wrong_size = r.contribution(1, p, 0.1f, Rig::seq0() + 1);
+  wrong_size.payload = make_payload(std::vector<float>(3, 0.1f));
+  s.handle(wrong_size, r.out);
+  CHECK(reason(RejectReason::wrong_size) == 1);
+
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Message nonfinite = r.contribution(1, p, 0.1f, Rig::seq0() + 1);
+    std::vector<float> v(*nonfinite.payload);
+    v[1] = bad;
+    nonfinite.payload = make_payload(v);
+    s.handle(nonfinite, r.out);
+  }
+  CHECK(reason(RejectReason::non_finite) == 2);
+
+  Message no_steps = r.contribution(1, p, 0.1f, Rig::seq0() + 1, 0, /*steps=*/0, /*tokens=*/0);
+  s.handle(no_steps, r.out);
+  CHECK(reason(RejectReason::bad_counters) == 1);
+
+  Message future = r.contribution(1, p, 0.1f, Rig::seq0() + 1, /*version=*/5);
+  s.handle(future, r.out);
+  CHECK(reason(RejectReason::future_version) == 1);
+
+  Message wrong_direction = r.contribution(1, p, 0.1f, Rig::seq0() + 1);
+  wrong_direction.type = MessageType::global_fragment;
+  s.handle(wrong_direction, r.out);
+  CHECK(reason(RejectReason::unexpected_type) == 1);
+
+  CHECK(s.global_parameters() == before);
+  CHECK(s.status().merges == 0);
+  CHECK(s.status().rejected_total() == 9);
+}
+
+TEST_CASE("A norm far outside the recent range is rejected once the syncer has seen enough contributions",
+          "[syncer]") {
+  Rig r;
+  SyncerConfig c = k_of(1);
+  c.norm_warmup = 3;
+  c.norm_outlier_factor = 10.0;
+  Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, c);
+  r.join(s, 1);
+  const auto p = r.fragment_of_w();
+  std::uint64_t seq = Rig::seq0();
+  for (std::uint64_t v = 0; v < 3; ++v) s.handle(r.contribution(1, p, 0.01f, ++seq, v), r.out);
+  const auto before = s.fragment(p);
+  s.handle(r.contribution(1, p, 5.0f, ++seq, 3), r.out);  // 500x the recent per-step norm
+  CHECK(s.fragment(p) == before);
+  CHECK(s.status().rejected[static_cast<std::size_t>(RejectReason::norm_outlier)] == 1);
+  s.handle(r.contribution(1, p, 0.02f, ++seq, 3), r.out);  // within range: accepted
+  CHECK(s.fragment(p).second == 4);
+}
+
+TEST_CASE("A silent learner is declared dead after the heartbeat time-out and revives with its next message",
+          "[syncer]") {
+  Rig r;
+  Syncer<> s(r.plan, r.init, r.clock, k_of(2));
+  r.join(s, 1);
+  r.join(s, 2);
+  CHECK(s.alive() == 2);
+  r.clock.advance(3s);
+  Message hb;
+  hb.type = MessageType::heartbeat;
+  hb.fingerprint = r.plan.fingerprint();
+  hb.learner = 1;
+  s.handle(hb, r.out);
+  r.clock.advance(2s);  // learner 2 silent for 5 s = time-out
+  s.tick(r.out);
+  CHECK(s.alive() == 1);
+  CHECK(s.status().deaths == 1);
+  hb.learner = 2;
+  s.handle(hb, r.out);
+  CHECK(s.alive() == 2);
+}
+
+TEST_CASE("With K = M a dead learner stops blocking the round once it is declared dead", "[syncer]") {
+  Rig r;
+  Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, k_of(2));
+  r.join(s, 1);
+  r.join(s, 2);
+  const auto p = r.fragment_of_w();
+  r.clock.advance(4s);
+  s.handle(r.contribution(1, p, 0.1f, Rig::seq0() + 1), r.out);
+  CHECK(s.fragment(p).second == 0);
+  r.clock.advance(1s);  // learner 2 silent for 5 s: dead; learner 1 is the only one alive
+  s.tick(r.out);
+  CHECK(s.fragment(p).second == 1);
+}
+
+TEST_CASE("A learner that leaves no longer receives fragments; a scavenged learner can join later and contribute",
+          "[syncer]") {
+  Rig r;
+  Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, k_of(1));
+  r.join(s, 1);
+  r.join(s, 2);
+  Message leave;
+  leave.type = MessageType::leave;
+  leave.fingerprint = r.plan.fingerprint();
+  leave.learner = 2;
+  s.handle(leave, r.out);
+  CHECK(s.alive() == 1);
+  r.join(s, 9);  // scavenged extra learner
+  r.out.clear();
+  const auto p = r.fragment_of_w();
+  s.handle(r.contribution(9, p, 0.1f, Rig::seq0() + 1), r.out);
+  CHECK(s.fragment(p).second == 1);
+  std::vector<LearnerId> receivers;
+  for (const auto& o : r.out) receivers.push_back(o.to);
+  std::sort(receivers.begin(), receivers.end());
+  CHECK(receivers == std::vector<LearnerId>{1, 9});
+}
+
+TEST_CASE("The default syncer merges with token-weighted RDA and steps with Nesterov", "[syncer]") {
+  Rig r;
+  Syncer<> s(r.plan, r.init, r.clock, k_of(2));
+  r.join(s, 1);
+  r.join(s, 2);
+  const auto p = r.fragment_of_w();
+  // Two orthogonal outer gradients of norm 1 with token weights 100^2/10 and 200^2/10.
+  Message a = r.contribution(1, p, 0.0f, Rig::seq0() + 1, 0, 10, 100);
+  Message b = r.contribution(2, p, 0.0f, Rig::seq0() + 1, 0, 10, 200);
+  a.payload = make_payload({1.0f, 0.0f, 0.0f, 0.0f});
+  b.payload = make_payload({0.0f, 1.0f, 0.0f, 0.0f});
+  s.handle(a, r.out);
+  s.handle(b, r.out);
+  // RDA: mean norm 1; direction (w_a e1 + w_b e2) normalised, w_a : w_b = 1 : 4.
+  const double na = 1.0 / std::sqrt(17.0), nb = 4.0 / std::sqrt(17.0);
+  // Nesterov from zero momentum: Theta -= lr * (Delta + mu * Delta) = 0.7 * 1.9 * Delta.
+  auto [theta, version] = s.fragment(p);
+  REQUIRE(version == 1);
+  CHECK(theta[0] == Approx(1.0 - 0.7 * 1.9 * na).epsilon(1e-5));
+  CHECK(theta[1] == Approx(1.0 - 0.7 * 1.9 * nb).epsilon(1e-5));
+  CHECK(theta[2] == Approx(1.0f));
+}
+
+TEST_CASE("Bad syncer configuration is rejected with the field named", "[syncer]") {
+  Rig r;
+  SyncerConfig c;
+  c.max_staleness = 0;
+  CHECK_THROWS_WITH((Syncer<>(r.plan, r.init, r.clock, c)), Catch::Contains("max_staleness"));
+  c = SyncerConfig{};
+  c.norm_outlier_factor = 0.5;
+  CHECK_THROWS_WITH((Syncer<>(r.plan, r.init, r.clock, c)), Catch::Contains("norm_outlier_factor"));
+  std::vector<float> short_init(5, 0.0f);
+  CHECK_THROWS_AS((Syncer<>(r.plan, short_init, r.clock, SyncerConfig{})), ShapeMismatch);
+}
