@@ -13,8 +13,10 @@
 //                           fits in tau steps, at the given link
 //   decoupled utilisation = min(1, H * step / sum_p transfer_p): learners never
 //                           wait, but the link must carry every fragment per period
-//   streaming utilisation = H * step / (H * step + sum_p max(0, transfer_p - tau * step)):
-//                           a Streaming-DiLoCo learner waits for a late fragment
+//   streaming utilisation = min(H * step / (H * step + sum_p max(0, transfer_p - tau * step)),
+//                               decoupled utilisation):
+//                           a Streaming-DiLoCo learner waits for a late fragment,
+//                           and no schedule beats the link's throughput
 // What it is not: a training run; it knows sizes and links, not learning.
 #pragma once
 
@@ -91,7 +93,7 @@ void add_rows(std::vector<PlanRow>& out, const std::vector<TensorSpec>& tensors,
         }
         r.on_time_fraction = static_cast<double>(on_time) / static_cast<double>(p);
         r.decoupled_utilisation = std::min(1.0, period / busy);
-        r.streaming_utilisation = period / (period + late);
+        r.streaming_utilisation = std::min(period / (period + late), r.decoupled_utilisation);
         out.push_back(std::move(r));
       }
     }
