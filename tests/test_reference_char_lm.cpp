@@ -84,13 +84,14 @@ TEST_CASE("The default model has the documented tensors and 125,817 parameters",
   REQUIRE(p.size() == 5);
   CHECK(p[1].rows() == 256);
   CHECK(p[1].cols() == 384);
-#ifdef DDILOCO_REFERENCE_HAS_TENSOR_SPEC
   const auto ts = model.tensor_specs();
   REQUIRE(ts.size() == 5);
   CHECK(ts[3].name == "output.weight");
   CHECK(ts[3].numel == 24832);
   CHECK(ts[3].embedding);
-#endif
+  // The list is a valid fragmenter input: P = 5 fragments of whole tensors cover every parameter.
+  const auto plan = ddiloco::make_plan(ts, 5);
+  CHECK(plan.total_numel() == model.parameter_count());
   const ref::CharLm two(ref::CharLmConfig{.hidden = {32, 16}});
   CHECK(two.specs().size() == 7);
   CHECK(two.specs()[3].name == "hidden1.weight");

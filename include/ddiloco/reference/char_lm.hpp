@@ -41,12 +41,8 @@
 #include <vector>
 
 #include <ddiloco/error.hpp>
-#include <ddiloco/reference/data.hpp>
-
-#if __has_include(<ddiloco/fragmenter.hpp>)
 #include <ddiloco/fragmenter.hpp>
-#define DDILOCO_REFERENCE_HAS_TENSOR_SPEC 1
-#endif
+#include <ddiloco/reference/data.hpp>
 
 namespace ddiloco::reference {
 
@@ -121,14 +117,12 @@ class BasicCharLm {
     return n;
   }
 
-#ifdef DDILOCO_REFERENCE_HAS_TENSOR_SPEC
-  /// The tensor list in the form ddiloco's fragmenter takes.
+  /// The tensor list in the form ddiloco's fragmenter takes (`make_plan`).
   [[nodiscard]] std::vector<ddiloco::TensorSpec> tensor_specs() const {
     std::vector<ddiloco::TensorSpec> out;
     for (const auto& s : specs_) out.push_back({s.name, s.numel(), s.embedding});
     return out;
   }
-#endif
 
   /// All-zero tensors of the right shapes (gradient buffers, optimizer state).
   [[nodiscard]] ParamList zeros() const {
