@@ -185,3 +185,32 @@ TEST_CASE("Asking about a fragment that does not exist throws InvalidArgument", 
   CHECK_THROWS_AS(s.next_send(9, 0), ddiloco::InvalidArgument);
   CHECK_THROWS_WITH(s.next_send(9, 0), Catch::Contains("fragment 9"));
 }
+
+TEST_CASE("due_at matches t mod H == offset(p) computed by plain division, across 2^32",
+          "[schedule]") {
+  // due_at takes step mod H by multiplication while step < 2^32 and by division
+  // above; both must agree with the definition. The reference here is the `%`
+  // operator applied to the offsets, fragment by fragment.
+  const std::uint64_t two32 = std::uint64_t{1} << 32;
+  for (const std::size_t h : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{7},
+                              std::size_t{24}, std::size_t{100}, std::size_t{997},
+                              std::size_t{65'537}, std::size_t{4'000'037}}) {
+    const std::size_t p_count = h < 5 ? h : 5;
+    const Schedule s(p_count, h, 0);
+    const auto expected = [&](std::uint64_t t) -> std::optional<std::size_t> {
+      if (t == 0) return std::nullopt;
+      for (std::size_t p = 0; p < p_count; ++p) {
+        if (t % h == s.offset(p)) return p;
+      }
+      return std::nullopt;
+    };
+    CAPTURE(h);
+    for (std::uint64_t t = 0; t < 3000; ++t) REQUIRE(s.due_at(t) == expected(t));
+    for (std::uint64_t t = two32 - 3000; t < two32 + 3000; ++t) REQUIRE(s.due_at(t) == expected(t));
+    // Every offset of every fragment, and the step just before and after it, near 2^32 - 1.
+    for (std::size_t p = 0; p < p_count; ++p) {
+      const std::uint64_t t = s.next_send(p, two32 - 2 * h);
+      for (const std::uint64_t u : {t - 1, t, t + 1}) REQUIRE(s.due_at(u) == expected(u));
+    }
+  }
+}

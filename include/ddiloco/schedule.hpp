@@ -74,6 +74,9 @@ class Schedule {
     // so that p * H cannot overflow for large H.
     const std::size_t q = sync_every / num_fragments;
     const std::size_t r = sync_every % num_fragments;
+    // Lemire's fastmod constant M = floor((2^64 - 1) / H) + 1 (wraps to 0 for
+    // H = 1, for which the formula below gives 0 = step mod 1, as it should).
+    fastmod_m_ = std::numeric_limits<std::uint64_t>::max() / sync_every + 1;
     offsets_.resize(num_fragments);
     slots_.assign(sync_every, no_fragment_);
     for (std::size_t p = 0; p < num_fragments; ++p) {
@@ -93,9 +96,10 @@ class Schedule {
   }
 
   /// The fragment whose send slot is inner step `step`, or nullopt (no fragment
-  /// due, or step = 0, which is never a send slot). O(1): one modulo and one load.
+  /// due, or step = 0, which is never a send slot). O(1): step mod H (by two
+  /// multiplications while step and H fit in 32 bits) and one table load.
   [[nodiscard]] std::optional<std::size_t> due_at(std::uint64_t step) const noexcept {
-    const std::size_t p = slots_[static_cast<std::size_t>(step % sync_every_)];
+    const std::size_t p = slots_[static_cast<std::size_t>(step_mod_h(step))];
     if (p == no_fragment_ || step == 0) return std::nullopt;
     return p;
   }
@@ -120,6 +124,23 @@ class Schedule {
  private:
   static constexpr std::size_t no_fragment_ = std::numeric_limits<std::size_t>::max();
 
+  static constexpr std::uint64_t max_u32_ = 0xFFFF'FFFFu;
+
+  /// step mod H. A 64-bit division costs about 10 ns on the machines we measured,
+  /// so for step, H < 2^32 we use Lemire, Kaser and Kurz's "fastmod"
+  /// ("Faster Remainder by Direct Computation", 2019):
+  ///     step mod H = floor( ((M * step) mod 2^64) * H / 2^64 ),  M = floor((2^64-1)/H) + 1,
+  /// exact for all 32-bit step and H. The high half of the 64 x 32-bit product is
+  /// assembled from two 32 x 32-bit products, so no 128-bit type is needed.
+  [[nodiscard]] std::uint64_t step_mod_h(std::uint64_t step) const noexcept {
+    if (step > max_u32_ || sync_every_ > max_u32_) return step % sync_every_;
+    const std::uint64_t low = fastmod_m_ * step;  // (M * step) mod 2^64
+    const std::uint64_t h = sync_every_;          // < 2^32
+    const std::uint64_t hi_product = (low >> 32) * h;
+    const std::uint64_t lo_product = (low & max_u32_) * h;
+    return (hi_product + (lo_product >> 32)) >> 32;
+  }
+
   void check_fragment(const char* where, std::size_t fragment) const {
     if (fragment >= num_fragments_) {
       throw InvalidArgument(detail::msg("Schedule::", where, ": fragment ", fragment,
@@ -131,6 +152,7 @@ class Schedule {
   std::size_t num_fragments_;
   std::size_t sync_every_;
   std::size_t overlap_;
+  std::uint64_t fastmod_m_ = 0;        ///< Lemire's M (used only while H < 2^32)
   std::vector<std::size_t> offsets_;  ///< offsets_[p] = floor(p * H / P)
   std::vector<std::size_t> slots_;    ///< slots_[t mod H] = fragment due, or no_fragment_
 };
