@@ -20,7 +20,6 @@
 #include <iomanip>
 #include <limits>
 #include <optional>
-#include <queue>
 #include <span>
 #include <sstream>
 #include <string>
@@ -89,19 +88,27 @@ struct BalancedGreedy {
     std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
       return a.first != b.first ? a.first > b.first : a.second < b.second;
     });
-    // Min-heap on (load, fragment index): the top is the lightest fragment,
-    // the lower index among equally light ones.
+    // Min-heap on (load, fragment index): the root is the lightest fragment,
+    // the lower index among equally light ones. Keys are distinct (indices
+    // differ), so the result does not depend on the heap's internals. Each
+    // tensor grows the root's load and sifts it down: one pass per tensor.
     using Load = std::pair<std::size_t, std::size_t>;
-    std::vector<Load> heap_storage;
-    heap_storage.reserve(p);
-    for (std::size_t f = 0; f < p; ++f) heap_storage.emplace_back(0, f);
-    std::priority_queue<Load, std::vector<Load>, std::greater<>> heap(std::greater<>{}, std::move(heap_storage));
+    std::vector<Load> heap(p);
+    for (std::size_t f = 0; f < p; ++f) heap[f] = {0, f};  // sorted, hence a valid heap
     std::vector<std::size_t> out(n);
     for (const auto& [numel, i] : order) {
-      auto [load, f] = heap.top();
-      heap.pop();
-      out[i] = f;
-      heap.emplace(load + numel, f);
+      out[i] = heap[0].second;
+      const Load moved{heap[0].first + numel, heap[0].second};
+      std::size_t hole = 0;
+      while (true) {
+        std::size_t child = 2 * hole + 1;
+        if (child >= p) break;
+        if (child + 1 < p && heap[child + 1] < heap[child]) ++child;
+        if (!(heap[child] < moved)) break;
+        heap[hole] = heap[child];
+        hole = child;
+      }
+      heap[hole] = moved;
     }
     return out;
   }
@@ -127,6 +134,7 @@ struct LayerContiguous {
       lo = std::max(lo, t.numel);
       hi += t.numel;  // make_plan guarantees no overflow
     }
+    lo = std::max(lo, hi / p + (hi % p != 0 ? 1 : 0));  // no run can beat the mean, ceil(total / P)
     // Runs needed when each run may hold at most `cap` elements (cap >= max numel).
     auto runs_needed = [&](std::size_t cap) {
       std::size_t runs = 1;
