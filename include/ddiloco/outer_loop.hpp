@@ -140,10 +140,15 @@ class OuterLoop {
   StepReport step(std::span<T> params, std::int64_t tokens) {
     if (!joined_) throw StateError("OuterLoop::step() called before join(); call join(params) first");
     if (tokens < 0) throw InvalidArgument(detail::msg("OuterLoop::step: tokens = ", tokens, " must be >= 0"));
-    if (params.size() != plan_->num_tensors()) check_params(params, {});
+    // Every tensor's size, every step: a tensor resized after join() must fail
+    // here, naming it, not at its fragment's next send or (half-way) apply.
+    // One size query per tensor, no copy.
+    check_params(params, {});
     check_transport();
     ++step_;
     tokens_total_ += static_cast<std::uint64_t>(tokens);
+    status_.step = step_;
+    status_.tokens = tokens_total_;
     StepReport report;
     drain();
     report.applied = apply_due(params, report);
@@ -159,6 +164,7 @@ class OuterLoop {
   /// is waiting (see waiting_for_sync()).
   std::size_t poll(std::span<T> params) {
     if (!joined_) return 0;
+    check_params(params, {});
     drain();
     StepReport ignored;
     return apply_due(params, ignored, /*may_block=*/false);
