@@ -1,0 +1,723 @@
+// Tests for ddiloco/outer_loop.hpp: the learner side, driven in one thread on a
+// virtual clock. A real Syncer sits behind the in-process network and is pumped
+// by hand, so each test decides exactly when the syncer hears a contribution
+// and when its answer reaches the learner. No threads, no sleeps.
+//
+// Reference values are hand-computed. To keep them exact in fp32, the "inner
+// step" subtracts a multiple of 1/8 from every element (rate 1/8, 2/8, 3/8 for
+// tensors w, b, c), and the syncer is configured so that a merge of one
+// contribution gives back the sender's local fragment at send time:
+// K = 1 without grace, uniform weights, plain average, AverageOnly
+// (Theta <- Theta - v with v = base - local = Theta - local).
+#include <ddiloco/outer_loop.hpp>
+
+#include <ddiloco/adapters/eigen.hpp>
+#include <ddiloco/syncer.hpp>
+#include <ddiloco/transport/in_process.hpp>
+
+#include <Eigen/Core>
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace ddiloco;
+using namespace std::chrono_literals;
+
+static_assert(LearnerTransport<InProcessLearnerTransport>);
+static_assert(SyncerTransport<InProcessSyncerTransport>);
+
+namespace {
+
+using Flat = std::vector<float>;
+using VecParams = std::vector<Flat>;
+using Outer = OuterLoop<InProcessLearnerTransport, Flat>;
+using TestSyncer = Syncer<WeightedAverage, AverageOnly, UniformWeights>;
+
+// Three tensors, two fragments. BalancedGreedy (LPT) puts w (4) into fragment
+// 0, then b (2) and c (2) into the lighter fragment 1, at offsets 0 and 2.
+Plan small_plan() { return make_plan({{"w", 4, false}, {"b", 2, false}, {"c", 2, false}}, 2); }
+constexpr std::size_t kW = 0, kB = 1, kC = 2;  // tensor indices in plan order
+
+// The syncer's initial state, tensor by tensor.
+const std::vector<Flat> kInit = {{1, 2, 3, 4}, {5, 6}, {7, 8}};
+// Per-step decrease of every element of tensor t in the user's "inner step".
+constexpr float kRate[3] = {0.125f, 0.25f, 0.375f};
+
+Flat concat(const std::vector<Flat>& tensors) {
+  Flat flat;
+  for (const auto& t : tensors) flat.insert(flat.end(), t.begin(), t.end());
+  return flat;
+}
+
+// Tensor t as it is locally after `steps` inner steps from the initial state
+// (no global applied in between): init - steps * rate.
+Flat local_after(std::size_t t, double steps) {
+  Flat v = kInit[t];
+  for (float& x : v) x = static_cast<float>(x - steps * kRate[t]);
+  return v;
+}
+
+// The user's inner step: a known change of every parameter.
+template <class T>
+void inner_step(std::vector<T>& params) {
+  for (std::size_t t = 0; t < params.size(); ++t)
+    for (float& x : host_view(params[t])) x -= kRate[t];
+}
+
+template <class T>
+Flat values(const T& t) {
+  auto v = host_view(t);
+  return Flat(v.begin(), v.end());
+}
+
+VecParams zero_params() { return {Flat(4, 0.0f), Flat(2, 0.0f), Flat(2, 0.0f)}; }
+
+SyncerConfig one_per_round() {
+  SyncerConfig c;
+  c.quorum.min_quorum = 1;
+  c.quorum.grace = false;
+  return c;
+}
+
+OuterLoopConfig learner_config(LearnerId id, std::size_t tau, float alpha = 0.0f) {
+  OuterLoopConfig c;
+  c.id = id;
+  c.sync_every = 4;  // H = 4, P = 2: fragment 0 at steps 4, 8, ...; fragment 1 at 2, 6, ...
+  c.overlap = tau;
+  c.alpha = alpha;
+  return c;
+}
+
+struct Rig {
+  VirtualClock clock;
+  Plan plan = small_plan();
+  InProcessNetwork net;
+  InProcessSyncerTransport link;
+  TestSyncer syncer;
+  Outbox out;
+  std::vector<Message> seen;  ///< every message the syncer handled, in order
+
+  explicit Rig(std::size_t capacity = 1024, FaultTape tape = {}, SyncerConfig config = one_per_round())
+      : net(clock, std::move(tape), capacity), link(net.syncer()), syncer(plan, concat(kInit), clock, config) {
+    REQUIRE(plan.fragments()[0].tensors == std::vector<std::size_t>{kW});
+    REQUIRE(plan.fragments()[1].tensors == std::vector<std::size_t>{kB, kC});
+  }
+
+  /// Lets the syncer handle everything deliverable now and sends its replies.
+  std::size_t pump() {
+    std::size_t n = 0;
+    while (auto m = link.try_receive()) {
+      seen.push_back(*m);
+      syncer.handle(*m, out);
+      for (auto& o : out) link.send_to(o.to, std::move(o.message));
+      out.clear();
+      ++n;
+    }
+    return n;
+  }
+
+  /// Takes what reached the syncer without handling it (a syncer that never answers).
+  std::vector<Message> intercept() {
+    std::vector<Message> got;
+    while (auto m = link.try_receive()) got.push_back(std::move(*m));
+    return got;
+  }
+
+  std::vector<Message> contributions() const {
+    std::vector<Message> c;
+    for (const auto& m : seen)
+      if (m.type == MessageType::contribution) c.push_back(m);
+    return c;
+  }
+
+  /// begin_join + pumping + poll_join, advancing the clock by `tick` between
+  /// rounds so that messages with latency get delivered.
+  template <class O, class P>
+  void join(O& outer, P& params, Duration tick = 1ms) {
+    outer.begin_join(params);
+    for (int i = 0; i < 16; ++i) {
+      pump();
+      if (outer.poll_join(params)) return;
+      clock.advance(tick);
+    }
+    FAIL("the learner did not finish joining within 16 rounds");
+  }
+
+  /// Tensor t of the syncer's global model.
+  Flat global_tensor(std::size_t t) const {
+    const auto flat = syncer.global_parameters();
+    std::size_t off = 0;
+    for (std::size_t i = 0; i < t; ++i) off += plan.tensors()[i].numel;
+    return Flat(flat.begin() + static_cast<std::ptrdiff_t>(off),
+                flat.begin() + static_cast<std::ptrdiff_t>(off + plan.tensors()[t].numel));
+  }
+};
+
+// Globals applied after sends: join's writes of the full state (one per
+// fragment) are counted in status().applies too, so tests count from there.
+template <class O>
+std::uint64_t applies_since_join(const O& outer) {
+  return outer.status().applies - outer.schedule().num_fragments();
+}
+
+Flat payload(const Message& m) { return m.payload ? *m.payload : Flat{}; }
+
+Flat filled(std::size_t n, float v) { return Flat(n, v); }
+
+}  // namespace
+
+// ---- contracts --------------------------------------------------------------
+
+TEST_CASE("step() before join() throws StateError", "[outer_loop]") {
+  Rig r;
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 1));
+  VecParams params = zero_params();
+  CHECK_THROWS_AS(outer.step(params, 1), StateError);
+  CHECK_THROWS_WITH(outer.step(params, 1), Catch::Contains("join"));
+  CHECK(outer.poll(params) == 0);  // poll before join does nothing
+}
+
+TEST_CASE("Parameters that do not match the plan throw ShapeMismatch naming the tensor", "[outer_loop]") {
+  Rig r;
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 1));
+
+  SECTION("a missing tensor at join") {
+    VecParams params = {Flat(4), Flat(2)};
+    CHECK_THROWS_AS(outer.begin_join(params), ShapeMismatch);
+    CHECK_THROWS_WITH(outer.begin_join(params), Catch::Contains("got 2 parameter tensors") &&
+                                                    Catch::Contains("plan has 3"));
+  }
+  SECTION("one tensor of the wrong size at join") {
+    VecParams params = {Flat(4), Flat(3), Flat(2)};
+    CHECK_THROWS_AS(outer.begin_join(params), ShapeMismatch);
+    CHECK_THROWS_WITH(outer.begin_join(params), Catch::Contains("'b'") && Catch::Contains("3 elements"));
+  }
+  SECTION("names that differ from the plan's at join") {
+    VecParams params = zero_params();
+    const std::vector<std::string> names = {"w", "bias", "c"};
+    CHECK_THROWS_AS(outer.begin_join(params, names), ShapeMismatch);
+    CHECK_THROWS_WITH(outer.begin_join(params, names), Catch::Contains("'bias'") && Catch::Contains("'b'"));
+    const std::vector<std::string> too_few = {"w", "b"};
+    CHECK_THROWS_AS(outer.begin_join(params, too_few), ShapeMismatch);
+    const std::vector<std::string> right = {"w", "b", "c"};
+    CHECK_NOTHROW(outer.begin_join(params, right));
+  }
+  SECTION("a tensor resized after join, at a step that neither sends nor applies") {
+    VecParams params = zero_params();
+    r.join(outer, params);
+    params[kC].resize(5);
+    // Step 1 is no send slot (fragments are due at 2 and 4): the check must not
+    // wait for the next send of c's fragment.
+    CHECK_THROWS_AS(outer.step(params, 1), ShapeMismatch);
+    CHECK_THROWS_WITH(outer.step(params, 1), Catch::Contains("'c'") && Catch::Contains("5 elements"));
+    CHECK(outer.status().step == 0);  // the failed call did not count as a step
+  }
+  SECTION("a tensor missing after join") {
+    VecParams params = zero_params();
+    r.join(outer, params);
+    VecParams fewer = {params[kW], params[kB]};
+    CHECK_THROWS_AS(outer.step(fewer, 1), ShapeMismatch);
+  }
+}
+
+TEST_CASE("Negative tokens throw InvalidArgument naming the value", "[outer_loop]") {
+  Rig r;
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 1));
+  VecParams params = zero_params();
+  r.join(outer, params);
+  CHECK_THROWS_AS(outer.step(params, -1), InvalidArgument);
+  CHECK_THROWS_WITH(outer.step(params, -3), Catch::Contains("-3"));
+  CHECK_NOTHROW(outer.step(params, 0));
+  CHECK(outer.status().step == 1);
+}
+
+TEST_CASE("A transport that failed permanently makes step() throw TransportError", "[outer_loop]") {
+  Rig r;
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 1));
+  VecParams params = zero_params();
+  r.join(outer, params);
+  outer.step(params, 1);
+  r.net.shutdown();
+  CHECK_THROWS_AS(outer.step(params, 1), TransportError);
+  CHECK_THROWS_WITH(outer.step(params, 1), Catch::Contains("failed permanently"));
+}
+
+TEST_CASE("Bad configuration is rejected with InvalidArgument naming the field", "[outer_loop]") {
+  Rig r;
+  auto lt = r.net.learner(1);
+  for (float alpha : {1.0f, 1.5f, -0.1f, std::numeric_limits<float>::quiet_NaN()}) {
+    INFO("alpha = " << alpha);
+    CHECK_THROWS_AS(Outer(r.plan, lt, learner_config(1, 1, alpha)), InvalidArgument);
+    CHECK_THROWS_WITH(Outer(r.plan, lt, learner_config(1, 1, alpha)), Catch::Contains("alpha"));
+  }
+  CHECK_NOTHROW(Outer(r.plan, lt, learner_config(1, 1, 0.0f)));
+  CHECK_NOTHROW(Outer(r.plan, lt, learner_config(1, 1, 0.999f)));
+
+  auto c = learner_config(1, 1);
+  c.join_timeout = Duration{0};
+  CHECK_THROWS_WITH(Outer(r.plan, lt, c), Catch::Contains("join_timeout"));
+  c = learner_config(1, 4);  // tau = H
+  CHECK_THROWS_AS(Outer(r.plan, lt, c), InvalidArgument);
+  c = learner_config(1, 1);
+  c.sync_every = 1;  // P = 2 > H = 1
+  CHECK_THROWS_AS(Outer(r.plan, lt, c), InvalidArgument);
+}
+
+// ---- join -------------------------------------------------------------------
+
+TEST_CASE("After join the parameters equal the syncer's global state and its versions", "[outer_loop]") {
+  Rig r;
+  // Learner 1 moves the global state away from the initial values: its sends at
+  // steps 2 (fragment 1) and 4 (fragment 0) are merged as they arrive.
+  auto lt1 = r.net.learner(1);
+  Outer first(r.plan, lt1, learner_config(1, 1));
+  VecParams p1 = zero_params();
+  r.join(first, p1);
+  for (int t = 1; t <= 4; ++t) {
+    inner_step(p1);
+    first.step(p1, 1);
+    r.pump();
+  }
+  REQUIRE(r.syncer.fragment(0).second == 1);
+  REQUIRE(r.syncer.fragment(1).second == 1);
+
+  auto lt2 = r.net.learner(2);
+  Outer second(r.plan, lt2, learner_config(2, 1));
+  VecParams p2 = zero_params();
+  r.join(second, p2);
+  CHECK(second.joined());
+  // Hand values: w after 4 inner steps, b and c after 2 (their fragment was sent at step 2).
+  CHECK(p2[kW] == Flat{0.5f, 1.5f, 2.5f, 3.5f});
+  CHECK(p2[kB] == Flat{4.5f, 5.5f});
+  CHECK(p2[kC] == Flat{6.25f, 7.25f});
+  for (std::size_t t = 0; t < 3; ++t) CHECK(p2[t] == r.global_tensor(t));
+  CHECK(second.base_version(0) == 1);
+  CHECK(second.base_version(1) == 1);
+  CHECK(second.status().applies == 2);  // one full-state write per fragment
+  CHECK(second.status().step == 0);
+}
+
+// ---- schedule and counters ----------------------------------------------------
+
+TEST_CASE("Fragments are sent exactly at the schedule's due steps with the counters since the last send or receipt",
+          "[outer_loop]") {
+  // P = 2, H = 4: offset(p) = floor(p * H / P) = {0, 2}, so fragment 1 is due at
+  // steps 2, 6, 10 and fragment 0 at 4, 8, 12. Step t processes t tokens.
+  const std::vector<std::optional<std::size_t>> due = {std::nullopt, std::nullopt, 1, std::nullopt, 0,
+                                                       std::nullopt, 1,            std::nullopt, 0, std::nullopt,
+                                                       1,            std::nullopt, 0};
+  Rig r;
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 1));
+  VecParams params = zero_params();
+  r.join(outer, params);
+
+  SECTION("with the syncer answering, the counters restart at each application (send + tau)") {
+    for (std::uint64_t t = 1; t <= 12; ++t) {
+      inner_step(params);
+      const auto report = outer.step(params, static_cast<std::int64_t>(t));
+      INFO("step " << t);
+      CHECK(report.sent == due[t]);
+      CHECK(outer.status().sends == (t / 2));
+      r.pump();
+    }
+    const auto c = r.contributions();
+    REQUIRE(c.size() == 6);
+    // Fragment 1 sent at 2 (from join), then at 6 and 10 after applying at 3 and 7;
+    // fragment 0 sent at 4 (from join), then at 8 and 12 after applying at 5 and 9.
+    const std::vector<std::uint32_t> fragment = {1, 0, 1, 0, 1, 0};
+    const std::vector<std::uint64_t> step = {2, 4, 6, 8, 10, 12};
+    const std::vector<std::int64_t> steps = {2, 4, 3, 3, 3, 3};
+    const std::vector<std::int64_t> tokens = {1 + 2, 1 + 2 + 3 + 4, 4 + 5 + 6, 6 + 7 + 8, 8 + 9 + 10, 10 + 11 + 12};
+    const std::vector<std::uint64_t> version = {0, 0, 1, 1, 2, 2};
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      INFO("contribution " << i);
+      CHECK(c[i].learner == 1);
+      CHECK(c[i].fragment == fragment[i]);
+      CHECK(c[i].step == step[i]);
+      CHECK(c[i].steps == steps[i]);
+      CHECK(c[i].tokens == tokens[i]);
+      CHECK(c[i].version == version[i]);
+      if (i > 0) CHECK(c[i].sequence == c[i - 1].sequence + 1);
+    }
+    CHECK(r.syncer.status().contributions_accepted == 6);
+    CHECK(r.syncer.status().rejected_total() == 0);
+    CHECK(applies_since_join(outer) == 5);  // the send at 12 is applied at 13
+    CHECK(outer.status().send_failures == 0);
+  }
+  SECTION("with no answer, the counters run from the previous send of the fragment") {
+    for (std::uint64_t t = 1; t <= 12; ++t) {
+      inner_step(params);
+      CHECK(outer.step(params, static_cast<std::int64_t>(t)).sent == due[t]);
+    }
+    const auto c = r.intercept();
+    REQUIRE(c.size() == 6);
+    const std::vector<std::int64_t> steps = {2, 4, 4, 4, 4, 4};
+    const std::vector<std::int64_t> tokens = {1 + 2, 1 + 2 + 3 + 4, 3 + 4 + 5 + 6, 5 + 6 + 7 + 8, 7 + 8 + 9 + 10,
+                                              9 + 10 + 11 + 12};
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      INFO("contribution " << i);
+      CHECK(c[i].type == MessageType::contribution);
+      CHECK(c[i].steps == steps[i]);
+      CHECK(c[i].tokens == tokens[i]);
+      CHECK(c[i].version == 0);
+    }
+    CHECK(applies_since_join(outer) == 0);
+  }
+}
+
+// ---- the outer gradient -----------------------------------------------------------
+
+TEST_CASE("The outer gradient sent is base minus local: exactly the change made by the inner steps",
+          "[outer_loop]") {
+  Rig r;
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 1));
+  VecParams params = zero_params();
+  r.join(outer, params);
+
+  SECTION("measured from the joined state, then from the previous send when nothing comes back") {
+    for (int t = 1; t <= 8; ++t) {
+      inner_step(params);
+      outer.step(params, 1);
+    }
+    const auto c = r.intercept();
+    REQUIRE(c.size() == 4);
+    // Fragment 1 = [b | c]; at step 2: 2 steps of b (0.25 each) and of c (0.375 each).
+    CHECK(payload(c[0]) == Flat{0.5f, 0.5f, 0.75f, 0.75f});
+    CHECK(payload(c[1]) == filled(4, 0.5f));                   // w, 4 steps at 0.125
+    CHECK(payload(c[2]) == Flat{1.0f, 1.0f, 1.5f, 1.5f});      // b, c: steps 3..6
+    CHECK(payload(c[3]) == filled(4, 0.5f));                   // w: steps 5..8
+  }
+  SECTION("measured from the applied global once one comes back") {
+    for (int t = 1; t <= 6; ++t) {
+      inner_step(params);
+      outer.step(params, 1);
+      r.pump();
+    }
+    const auto c = r.contributions();
+    REQUIRE(c.size() == 3);
+    CHECK(payload(c[0]) == Flat{0.5f, 0.5f, 0.75f, 0.75f});
+    // The global of fragment 1 (= local at step 2) overwrote b and c at step 3;
+    // steps 4, 5, 6 are the new progress.
+    CHECK(payload(c[2]) == Flat{0.75f, 0.75f, 1.125f, 1.125f});
+    CHECK(params[kB] == Flat{4.5f - 0.75f, 5.5f - 0.75f});
+  }
+}
+
+// ---- applying globals ------------------------------------------------------------
+
+TEST_CASE("A received global is applied at send + tau, not before: overwritten with alpha = 0, mixed with alpha > 0",
+          "[outer_loop]") {
+  // tau = 2. Fragment 1 is sent at step 2; the syncer answers at once, so the
+  // global (b = {4.5, 5.5}, c = {6.25, 7.25}: the local values at step 2) waits
+  // in the learner's mailbox during step 3 and is applied at step 4.
+  const float alpha = GENERATE(0.0f, 0.5f, 0.25f);
+  INFO("alpha = " << alpha);
+  Rig r;
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 2, alpha));
+  VecParams params = zero_params();
+  r.join(outer, params);
+  for (int t = 1; t <= 2; ++t) {
+    inner_step(params);
+    outer.step(params, 1);
+    r.pump();
+  }
+  REQUIRE(r.syncer.fragment(1).second == 1);
+  REQUIRE(r.net.pending(Endpoint::for_learner(1)) == 1);  // the global has arrived
+
+  inner_step(params);
+  auto report = outer.step(params, 1);
+  CHECK(report.applied == 0);
+  CHECK(applies_since_join(outer) == 0);
+  CHECK(outer.base_version(1) == 0);
+  CHECK(params[kB] == local_after(kB, 3));
+  CHECK(params[kC] == local_after(kC, 3));
+
+  inner_step(params);
+  report = outer.step(params, 1);
+  CHECK(report.applied == 1);
+  CHECK(applies_since_join(outer) == 1);
+  CHECK(outer.status().late_applies == 0);
+  CHECK(outer.base_version(1) == 1);
+  CHECK(params[kW] == local_after(kW, 4));  // fragment 0 untouched
+  // local at step 4: b = {4.0, 5.0}, c = {5.5, 6.5}; alpha * local + (1 - alpha) * global.
+  if (alpha == 0.0f) {
+    CHECK(params[kB] == Flat{4.5f, 5.5f});
+    CHECK(params[kC] == Flat{6.25f, 7.25f});
+  } else if (alpha == 0.5f) {
+    CHECK(params[kB] == Flat{4.25f, 5.25f});
+    CHECK(params[kC] == Flat{5.875f, 6.875f});
+  } else {  // 0.25: tells alpha from 1 - alpha
+    CHECK(params[kB] == Flat{4.375f, 5.375f});
+    CHECK(params[kC] == Flat{6.0625f, 7.0625f});
+  }
+}
+
+TEST_CASE("A global that arrives after send + tau is applied on arrival and counted as late; step() never waits",
+          "[outer_loop]") {
+  // Every message takes 1 ms and each inner step takes 1 ms of virtual time.
+  // tau = 1: fragment 1 sent at step 2 is due at step 3, but the syncer only
+  // hears it at step 3's time and its answer arrives at step 4's.
+  MessageFaults latency;
+  latency.latency = 1ms;
+  FaultTape tape;
+  tape.set_message_faults(latency);
+  Rig r(1024, tape);
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 1));
+  VecParams params = zero_params();
+  r.join(outer, params);
+
+  for (int t = 1; t <= 3; ++t) {
+    r.clock.advance(1ms);
+    inner_step(params);
+    const auto report = outer.step(params, 1);
+    CHECK(report.applied == 0);
+    CHECK_FALSE(report.waited);
+    CHECK_FALSE(outer.waiting_for_sync());
+    r.pump();
+  }
+  CHECK(applies_since_join(outer) == 0);
+  CHECK(params[kB] == local_after(kB, 3));  // training went on past the due step
+  CHECK(r.syncer.fragment(1).second == 1);  // merged at step 3's time, answer in flight
+
+  r.clock.advance(1ms);
+  inner_step(params);
+  const auto report = outer.step(params, 1);
+  CHECK(report.applied == 1);
+  CHECK(applies_since_join(outer) == 1);
+  CHECK(outer.status().late_applies == 1);
+  CHECK(outer.status().lock_step_waits == 0);
+  CHECK(outer.base_version(1) == 1);
+  CHECK(params[kB] == Flat{4.5f, 5.5f});  // the global: local at step 2
+  CHECK(params[kC] == Flat{6.25f, 7.25f});
+  CHECK(report.sent == std::optional<std::size_t>{0});  // and fragment 0 still goes out on time
+}
+
+// ---- a silent syncer ---------------------------------------------------------------
+
+TEST_CASE("With a syncer that never answers, step() always returns, failures are counted and no progress is lost",
+          "[outer_loop]") {
+  // The syncer's mailbox holds 4 messages and nobody reads it: the first four
+  // sends (steps 2, 4, 6, 8) are queued, every later one is refused.
+  Rig r(4);
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 1));
+  VecParams params = zero_params();
+  r.join(outer, params);
+
+  std::uint64_t returned = 0;
+  for (int t = 1; t <= 1000; ++t) {
+    inner_step(params);
+    const auto report = outer.step(params, 2);
+    CHECK_FALSE(report.waited);
+    ++returned;
+  }
+  CHECK(returned == 1000);
+  CHECK(outer.status().step == 1000);
+  CHECK(outer.status().tokens == 2000);
+  CHECK(outer.status().sends == 4);
+  CHECK(outer.status().send_failures == 500 - 4);  // 250 due steps per fragment
+  CHECK(applies_since_join(outer) == 0);
+  CHECK(r.net.counters(Endpoint::syncer()).dropped_queue_full == 496);
+
+  // The syncer wakes up and empties its queue; the next send of each fragment
+  // (steps 1002 and 1004) carries everything since its last queued send (6 and 8).
+  auto seen = r.intercept();
+  REQUIRE(seen.size() == 4);
+  for (int t = 1001; t <= 1004; ++t) {
+    inner_step(params);
+    outer.step(params, 2);
+  }
+  CHECK(outer.status().sends == 6);
+  for (auto& m : r.intercept()) seen.push_back(std::move(m));
+  REQUIRE(seen.size() == 6);
+  CHECK(seen[4].fragment == 1);
+  CHECK(seen[4].steps == 1002 - 6);
+  CHECK(seen[4].tokens == 2 * (1002 - 6));
+  CHECK(seen[5].fragment == 0);
+  CHECK(seen[5].steps == 1004 - 8);
+
+  // Per fragment, the payloads add up to the total local change (exact: all
+  // values are multiples of 1/8 far below 2^24).
+  std::vector<std::vector<double>> sum = {std::vector<double>(4, 0.0), std::vector<double>(4, 0.0)};
+  std::vector<std::int64_t> steps(2, 0);
+  for (const auto& m : seen) {
+    REQUIRE(m.type == MessageType::contribution);
+    for (std::size_t i = 0; i < 4; ++i) sum[m.fragment][i] += (*m.payload)[i];
+    steps[m.fragment] += m.steps;
+  }
+  CHECK(steps[0] == 1004);
+  CHECK(steps[1] == 1002);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(sum[0][i] == 1004 * 0.125);
+  CHECK(sum[1] == std::vector<double>{1002 * 0.25, 1002 * 0.25, 1002 * 0.375, 1002 * 0.375});
+
+  // All six are valid for the syncer, and merging them reproduces the learner's
+  // local state at the last send of each fragment.
+  Outbox ignored;
+  for (const auto& m : seen) r.syncer.handle(m, ignored);
+  CHECK(r.syncer.status().contributions_accepted == 6);
+  CHECK(r.syncer.status().rejected_total() == 0);
+  CHECK(r.global_tensor(kW) == local_after(kW, 1004));
+  CHECK(r.global_tensor(kB) == local_after(kB, 1002));
+  CHECK(r.global_tensor(kC) == local_after(kC, 1002));
+}
+
+// ---- lock-step -----------------------------------------------------------------
+
+TEST_CASE("In lock-step mode waiting_for_sync() is true at send + tau until the global arrives and poll() applies it",
+          "[outer_loop]") {
+  Rig r;
+  auto lt = r.net.learner(1);
+  auto config = learner_config(1, 1);
+  config.lock_step = true;
+  Outer outer(r.plan, lt, config);
+  VecParams params = zero_params();
+  r.join(outer, params);
+
+  for (int t = 1; t <= 2; ++t) {
+    inner_step(params);
+    outer.step(params, 1);
+  }
+  CHECK_FALSE(outer.waiting_for_sync());  // sent at 2, due at 3
+
+  inner_step(params);
+  const auto report = outer.step(params, 1);
+  CHECK(report.waited);
+  CHECK(report.applied == 0);
+  CHECK(outer.status().lock_step_waits == 1);
+  CHECK(outer.waiting_for_sync());
+  CHECK(outer.poll(params) == 0);  // the syncer has not answered yet
+  CHECK(outer.waiting_for_sync());
+
+  r.pump();  // merge; the global is now in the learner's mailbox
+  CHECK(outer.waiting_for_sync());
+  CHECK(outer.poll(params) == 1);
+  CHECK_FALSE(outer.waiting_for_sync());
+  CHECK(applies_since_join(outer) == 1);
+  CHECK(outer.status().late_applies == 0);
+  CHECK(params[kB] == Flat{4.5f, 5.5f});
+  CHECK(params[kC] == Flat{6.25f, 7.25f});
+}
+
+// ---- resynchronisation -----------------------------------------------------------
+
+TEST_CASE("A stale rejection answered with the current fragment resynchronises the learner", "[outer_loop]") {
+  SyncerConfig config = one_per_round();
+  config.max_staleness = 1;
+  Rig r(1024, {}, config);
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 1));
+  VecParams params = zero_params();
+  r.join(outer, params);
+
+  // Learner 2 (driven by hand) moves fragment 1 to version 2; the broadcasts
+  // to learner 1 are lost (the outbox is discarded).
+  Outbox lost;
+  Message join;
+  join.type = MessageType::join;
+  join.fingerprint = r.plan.fingerprint();
+  join.learner = 2;
+  r.syncer.handle(join, lost);
+  REQUIRE(!lost.empty());
+  const std::uint64_t first_sequence = lost.front().message.sequence;
+  for (std::uint64_t i = 1; i <= 2; ++i) {
+    Message m;
+    m.type = MessageType::contribution;
+    m.fingerprint = r.plan.fingerprint();
+    m.learner = 2;
+    m.fragment = 1;
+    m.version = i - 1;
+    m.sequence = first_sequence + i;
+    m.steps = 1;
+    m.tokens = 1;
+    m.payload = make_payload(filled(4, 0.5f));
+    r.syncer.handle(m, lost);
+  }
+  lost.clear();
+  REQUIRE(r.syncer.fragment(1).second == 2);
+
+  // Learner 1 sends fragment 1 at step 2 against version 0: 2 behind > 1.
+  for (int t = 1; t <= 2; ++t) {
+    inner_step(params);
+    outer.step(params, 1);
+    r.pump();
+  }
+  CHECK(r.syncer.status().rejected[static_cast<std::size_t>(RejectReason::stale)] == 1);
+  CHECK(outer.base_version(1) == 0);
+
+  inner_step(params);
+  CHECK(outer.step(params, 1).applied == 1);
+  CHECK(outer.base_version(1) == 2);
+  CHECK(params[kB] == Flat{4.0f, 5.0f});  // initial - 2 * 0.5
+  CHECK(params[kC] == Flat{6.0f, 7.0f});
+
+  // Its next contribution (step 6) is made against version 2 and accepted.
+  for (int t = 4; t <= 6; ++t) {
+    inner_step(params);
+    outer.step(params, 1);
+    r.pump();
+  }
+  const auto c = r.contributions();
+  REQUIRE(c.size() == 3);
+  CHECK(c[2].fragment == 1);
+  CHECK(c[2].version == 2);
+  CHECK(r.syncer.status().rejected[static_cast<std::size_t>(RejectReason::stale)] == 1);
+  CHECK(r.syncer.status().contributions_accepted == 2 + 2);  // learner 2's two, learner 1's step 4 and 6
+}
+
+// ---- tensor types ------------------------------------------------------------------
+
+namespace {
+
+template <class T>
+T make_tensor(Eigen::Index rows, Eigen::Index cols) {
+  if constexpr (std::is_same_v<T, Flat>) {
+    return Flat(static_cast<std::size_t>(rows * cols), 0.0f);
+  } else if constexpr (std::is_same_v<T, Eigen::VectorXf>) {
+    return Eigen::VectorXf::Zero(rows * cols);
+  } else {
+    return T::Zero(rows, cols);
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("Join, inner steps and applied globals give the same values for every tensor type", "[outer_loop]",
+                   std::vector<float>, Eigen::VectorXf, Eigen::MatrixXf) {
+  using T = TestType;
+  Rig r;
+  auto lt = r.net.learner(1);
+  OuterLoop<InProcessLearnerTransport, T> outer(r.plan, lt, learner_config(1, 1));
+  std::vector<T> params;
+  params.push_back(make_tensor<T>(2, 2));  // w
+  params.push_back(make_tensor<T>(2, 1));  // b
+  params.push_back(make_tensor<T>(1, 2));  // c
+  r.join(outer, params);
+  for (std::size_t t = 0; t < 3; ++t) CHECK(values(params[t]) == kInit[t]);
+
+  for (int t = 1; t <= 5; ++t) {
+    inner_step(params);
+    outer.step(params, 1);
+    r.pump();
+  }
+  // Fragment 1 sent at 2, applied at 3, then 2 more steps; fragment 0 sent at 4, applied at 5.
+  CHECK(values(params[kW]) == Flat{0.5f, 1.5f, 2.5f, 3.5f});
+  CHECK(values(params[kB]) == Flat{4.0f, 5.0f});
+  CHECK(values(params[kC]) == Flat{5.5f, 6.5f});
+  CHECK(r.syncer.global_parameters() == Flat{0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f, 6.25f, 7.25f});
+  CHECK(outer.status().sends == 2);
+  CHECK(applies_since_join(outer) == 2);
+  CHECK(outer.base_version(0) == 1);
+  CHECK(outer.base_version(1) == 1);
+}
