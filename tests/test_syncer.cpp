@@ -25,13 +25,15 @@ struct Rig {
   Outbox out;
 
   template <class S>
-  void join(S& s, LearnerId id) {
+  void join(S& s, LearnerId id, std::uint64_t nonce = 0) {
     Message m;
     m.type = MessageType::join;
     m.fingerprint = plan.fingerprint();
     m.learner = id;
+    m.sequence = nonce ? nonce : ++nonces;
     s.handle(m, out);
   }
+  std::uint64_t nonces = 100;
   Message contribution(LearnerId id, std::size_t fragment, float value, std::uint64_t seq,
                        std::uint64_t version = 0, std::int64_t steps = 10, std::int64_t tokens = 100) const {
     Message m;
@@ -209,6 +211,25 @@ TEST_CASE("After a rejoin, messages of the learner's previous incarnation are re
   CHECK(s.status().rejected[static_cast<std::size_t>(RejectReason::duplicate)] == 1);
   s.handle(r.contribution(1, p, 0.25f, (std::uint64_t{2} << 32) + 1), r.out);
   CHECK(s.fragment(p).second == 1);
+}
+
+TEST_CASE("A duplicated or retried join (same nonce) is idempotent; a new nonce is a new incarnation", "[syncer]") {
+  Rig r;
+  Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, k_of(1));
+  r.join(s, 1, 42);
+  r.join(s, 1, 42);
+  CHECK(s.status().joins == 1);
+  for (const auto& o : r.out) CHECK(o.message.sequence == Rig::seq0());
+  const auto p = r.fragment_of_w();
+  s.handle(r.contribution(1, p, 0.25f, Rig::seq0() + 1), r.out);
+  CHECK(s.fragment(p).second == 1);
+  r.join(s, 1, 42);  // a late duplicate of the join must not re-open old sequences
+  s.handle(r.contribution(1, p, 0.25f, Rig::seq0() + 1), r.out);
+  CHECK(s.fragment(p).second == 1);
+  r.out.clear();
+  r.join(s, 1, 43);
+  CHECK(s.status().joins == 2);
+  CHECK(r.out.front().message.sequence == (std::uint64_t{2} << 32));
 }
 
 TEST_CASE("A contribution against a base older than the bound is rejected and answered with the current fragment",

@@ -52,6 +52,7 @@ struct OuterLoopConfig {
   float alpha = 0.0f;           ///< mixing on receipt: 0 overwrites (Decoupled DiLoCo default)
   bool lock_step = false;       ///< wait at send + tau for the result (Streaming DiLoCo, for comparison)
   Duration join_timeout = std::chrono::seconds(30);
+  Duration join_retry = std::chrono::seconds(1);  ///< resend the join request this often while joining
   Duration lock_step_timeout = std::chrono::seconds(60);
   Duration heartbeat_interval = std::chrono::seconds(1);
 };
@@ -77,6 +78,18 @@ struct OuterLoopStatus {
   std::uint64_t bytes_sent = 0;
 };
 
+namespace detail {
+/// A join nonce: differs between incarnations (a restart happens at another
+/// time), equal for retries of one join. SplitMix64 finaliser over the inputs.
+inline std::uint64_t join_nonce(LearnerId id, std::uint64_t step, TimePoint now) noexcept {
+  std::uint64_t x = (static_cast<std::uint64_t>(id) << 40) ^ step ^ static_cast<std::uint64_t>(now.count());
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return (x ^ (x >> 31)) | 1;  // never 0 (0 means "no nonce yet" in the syncer)
+}
+}  // namespace detail
+
 template <class Transport, class T>
   requires LearnerTransport<Transport> && Tensor<T>
 class OuterLoop {
@@ -98,7 +111,7 @@ class OuterLoop {
     const TimePoint deadline = transport_->clock().now() + config_.join_timeout;
     while (!poll_join(params)) {
       check_transport();
-      auto m = transport_->receive_until(deadline);
+      auto m = transport_->receive_until(std::min(deadline, join_sent_ + config_.join_retry));
       if (m) {
         on_message(std::move(*m));
       } else if (transport_->clock().now() >= deadline) {
@@ -117,18 +130,24 @@ class OuterLoop {
     check_params(params, names);
     check_transport();
     joined_ = false;
+    // One nonce per incarnation: retried or duplicated joins are idempotent.
+    join_nonce_ = detail::join_nonce(config_.id, step_, transport_->clock().now());
     join_sequence_.reset();
     join_received_ = 0;
     pending_.clear();
     for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false};
-    Message m = header(MessageType::join);
-    send(std::move(m));
+    send_join();
   }
 
+  /// True once joined. Resends the request every `join_retry` (a lost
+  /// request or reply must not leave a learner outside the run forever).
   bool poll_join(std::span<T> params) {
     if (joined_) return true;
     while (auto m = transport_->try_receive()) on_message(std::move(*m));
-    if (join_received_ < frags_.size()) return false;
+    if (join_received_ < frags_.size()) {
+      if (transport_->clock().now() - join_sent_ >= config_.join_retry) send_join();
+      return false;
+    }
     check_params(params, {});
     for (std::size_t p = 0; p < frags_.size(); ++p) apply(p, params, /*mix=*/false);
     joined_ = true;
@@ -210,8 +229,10 @@ class OuterLoop {
     if (!(c.alpha >= 0.0f && c.alpha < 1.0f))
       throw InvalidArgument(detail::msg("OuterLoopConfig::alpha = ", c.alpha,
                                         " must be in [0, 1): 0 overwrites the local fragment (default), 0.5 mixes"));
-    if (c.join_timeout <= Duration{0} || c.lock_step_timeout <= Duration{0} || c.heartbeat_interval <= Duration{0})
-      throw InvalidArgument("OuterLoopConfig: join_timeout, lock_step_timeout and heartbeat_interval must be > 0");
+    if (c.join_timeout <= Duration{0} || c.join_retry <= Duration{0} || c.lock_step_timeout <= Duration{0} ||
+        c.heartbeat_interval <= Duration{0})
+      throw InvalidArgument(
+          "OuterLoopConfig: join_timeout, join_retry, lock_step_timeout and heartbeat_interval must be > 0");
     if (plan.num_fragments() == 0) throw InvalidArgument("OuterLoop: the plan has no fragments");
     return c;
   }
@@ -255,6 +276,13 @@ class OuterLoop {
     last_send_ = transport_->clock().now();
     if (ok) status_.bytes_sent += bytes;
     return ok;
+  }
+
+  void send_join() {
+    join_sent_ = transport_->clock().now();
+    Message m = header(MessageType::join);
+    m.sequence = join_nonce_;
+    send(std::move(m));
   }
 
   void maybe_heartbeat() {
@@ -422,9 +450,11 @@ class OuterLoop {
   std::uint64_t tokens_total_ = 0;
   std::uint64_t sequence_ = 0;
   std::optional<std::uint64_t> join_sequence_;
+  std::uint64_t join_nonce_ = 0;
   std::size_t join_received_ = 0;
   bool joined_ = false;
   TimePoint last_send_{0};
+  TimePoint join_sent_{0};
   OuterLoopStatus status_{};
 };
 

@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -324,6 +325,9 @@ class Syncer {
     return s;
   }
 
+  /// Merges over all fragments so far (cheap: no lock).
+  [[nodiscard]] std::uint64_t merges_total() const noexcept { return merges_total_.load(std::memory_order_relaxed); }
+
   /// Number of learners alive now (counted by the quorum).
   [[nodiscard]] std::size_t alive() const {
     std::unique_lock lock(members_mutex_);
@@ -334,6 +338,7 @@ class Syncer {
   struct LearnerInfo {
     std::uint64_t incarnation = 0;
     std::uint64_t first_sequence = 0;  ///< sequences <= this are from an older incarnation
+    std::uint64_t join_nonce = 0;      ///< the current incarnation's join nonce
     TimePoint last_seen{0};
     bool alive = false;
     std::optional<std::pair<TimePoint, std::uint64_t>> last_contribution;  ///< (arrival, step) for xi_step
@@ -410,26 +415,33 @@ class Syncer {
   }
 
   // ---- membership ---------------------------------------------------------
+  /// A join carries a nonce in `sequence`, chosen by the learner once per
+  /// incarnation: a retried or duplicated join (same nonce) is answered again
+  /// with the same sequence base; a new nonce starts a new incarnation.
   void on_join(const Message& m, TimePoint now, Outbox& out) {
     std::uint64_t first_sequence = 0;
     {
       std::unique_lock lock(members_mutex_);
       auto& l = learners_[m.learner];
-      ++l.incarnation;
-      // Each incarnation gets its own sequence space, so a late message from a
-      // previous incarnation can never be mistaken for a new one.
-      l.first_sequence = l.incarnation << 32;
+      if (l.incarnation == 0 || l.join_nonce != m.sequence) {
+        ++l.incarnation;
+        // Each incarnation gets its own sequence space, so a late message from a
+        // previous incarnation can never be mistaken for a new one.
+        l.first_sequence = l.incarnation << 32;
+        l.join_nonce = m.sequence;
+        l.last_contribution.reset();
+        ++counters_.joins;
+      }
       l.last_seen = now;
       l.alive = true;
-      l.last_contribution.reset();
       first_sequence = l.first_sequence;
-      ++counters_.joins;
     }
     const std::size_t from = out.size();
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
       auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
-      f.last_sequence[m.learner] = first_sequence;
+      auto& last = f.last_sequence[m.learner];
+      last = std::max(last, first_sequence);
       Message reply = global_message(p, f, m.learner, MessageType::full_state);
       reply.sequence = first_sequence;
       out.push_back({m.learner, std::move(reply)});
@@ -548,6 +560,7 @@ class Syncer {
     f.acc->finish(f.delta);
     opt_.step(f.theta, f.delta, f.state);
     ++f.version;
+    merges_total_.fetch_add(1, std::memory_order_relaxed);
     f.published = make_payload(f.theta);
     const std::size_t k = f.contributors.size();
     if (f.quorum_sizes.size() <= k) f.quorum_sizes.resize(k + 1);
@@ -584,6 +597,7 @@ class Syncer {
   std::vector<FragmentState> fragments_;
   std::vector<std::size_t> tensor_offsets_;  ///< element offset of each tensor in plan order
 
+  std::atomic<std::uint64_t> merges_total_{0};
   mutable std::mutex members_mutex_;
   std::map<LearnerId, LearnerInfo> learners_;
   SyncerStatus counters_{};

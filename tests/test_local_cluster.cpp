@@ -1,0 +1,263 @@
+// Integration tests for ddiloco/local_cluster.hpp: several learners and a
+// syncer in one process, under seeded fault tapes, in virtual time (one
+// thread, deterministic) and as real threads.
+// DDILOCO_TEST_LABEL(threaded)
+#include <ddiloco/local_cluster.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+
+using namespace ddiloco;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A fast synthetic task with a known optimum: learner m minimises
+// 0.5 * ||x - c_m||^2 with noisy SGD, where c_m = c + offset_m and the offsets
+// sum to zero, so the global optimum is c. Two tensors: one embedding-like.
+// The offsets are small (+-0.05): at the optimum the learners' outer gradients
+// cancel, and RDA restores the mean norm to whatever direction is left, so the
+// global parameters jitter around c by about the offset (measured: RMS 0.06
+// with offsets of +-0.5, 0.006 with +-0.05). The tests measure the protocol,
+// from a start at RMS distance 0.7.
+constexpr std::size_t kA = 48, kB = 16;
+
+struct QuadraticTrainer {
+  using tensor_type = std::vector<float>;
+  std::vector<std::vector<float>> params;
+  std::vector<float> target;  // c_m, flattened over both tensors
+  std::mt19937 rng;
+  float lr = 0.05f;
+
+  QuadraticTrainer(LearnerId id, std::uint64_t incarnation, std::size_t learners, std::size_t a = kA,
+                   std::size_t b = kB)
+      : params{std::vector<float>(a, 0.0f), std::vector<float>(b, 0.0f)},
+        target(a + b),
+        rng(static_cast<std::uint32_t>(1000 * id + incarnation + 1)) {
+    for (std::size_t i = 0; i < target.size(); ++i) {
+      const float c = std::sin(static_cast<float>(i));
+      // Scavenged learners (id >= learners) and an odd one out have no offset.
+      const bool paired = id < learners && (learners % 2 == 0 || id + 1 < learners);
+      const float offset = paired ? (id % 2 == 0 ? 0.05f : -0.05f) : 0.0f;
+      target[i] = c + offset;
+    }
+  }
+  std::span<std::vector<float>> parameters() { return params; }
+  std::int64_t inner_step() {
+    std::normal_distribution<float> noise(0.0f, 0.01f);
+    std::size_t k = 0;
+    for (auto& t : params)
+      for (auto& x : t) {
+        x -= lr * (x - target[k++] + noise(rng));
+      }
+    return 64;
+  }
+};
+
+static_assert(ClusterTrainer<QuadraticTrainer>);
+
+Plan quad_plan(std::size_t P, std::size_t a = kA, std::size_t b = kB) {
+  return make_plan({{"a", a, false}, {"b", b, true}}, P);
+}
+
+double distance_to_optimum(std::span<const float> global) {
+  double d = 0;
+  for (std::size_t i = 0; i < global.size(); ++i) {
+    const double e = global[i] - std::sin(static_cast<double>(i));
+    d += e * e;
+  }
+  return std::sqrt(d / static_cast<double>(global.size()));
+}
+
+ClusterConfig decoupled(std::size_t M) {
+  ClusterConfig c;
+  c.learners = M;
+  c.outer.sync_every = 8;
+  c.outer.overlap = 2;
+  c.syncer.quorum.min_quorum = 1;
+  c.syncer.quorum.overlap = 2;
+  c.syncer.quorum.grace = true;
+  c.syncer.quorum.cap = 10ms;
+  c.syncer.quorum.deadline = 2s;
+  c.syncer.heartbeat_timeout = 1s;
+  c.outer.heartbeat_interval = 100ms;
+  c.step_time = 10ms;
+  c.token_budget = 64 * 400 * static_cast<std::int64_t>(M);
+  return c;
+}
+
+auto factory(std::size_t M) {
+  return [M](LearnerId id, std::uint64_t inc) { return std::make_unique<QuadraticTrainer>(id, inc, M); };
+}
+
+using Cluster = LocalCluster<QuadraticTrainer, RadialDirectional, NesterovSGD, TokenWeights>;
+
+}  // namespace
+
+TEST_CASE("Four learners in virtual time train to the global optimum with zero global downtime", "[cluster]") {
+  Cluster cluster(quad_plan(2), decoupled(4), factory(4));
+  const auto r = cluster.run_virtual();
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.tokens >= 64 * 400 * 4);
+  CHECK(distance_to_optimum(r.global) < 0.05);
+  CHECK(r.global_downtime == Duration{0});
+  CHECK(r.windows > 10);
+  CHECK(r.windows_alive_without_merge == 0);
+  CHECK(r.syncer.merges > 50);
+  CHECK(r.syncer.rejected_total() == 0);
+  CHECK(r.goodput > 0.95);
+}
+
+TEST_CASE("Two virtual-time runs with the same seed give bit-identical global parameters", "[cluster]") {
+  FaultTape tape(7);
+  MessageFaults f;
+  f.drop = 0.05;
+  f.duplicate = 0.05;
+  f.reorder = 0.1;
+  f.reorder_max = 30ms;
+  f.latency = 2ms;
+  f.jitter = 3ms;
+  tape.set_message_faults(f);
+  tape.add(Kill{1, 100, Downtime{50, Duration{0}}});
+  ClusterConfig c = decoupled(4);
+  c.tape = tape;
+  const auto a = Cluster(quad_plan(2), c, factory(4)).run_virtual();
+  const auto b = Cluster(quad_plan(2), c, factory(4)).run_virtual();
+  REQUIRE(a.global.size() == b.global.size());
+  CHECK(a.global == b.global);
+  CHECK(a.syncer.merges == b.syncer.merges);
+  c.tape.set_seed(8);
+  const auto other = Cluster(quad_plan(2), c, factory(4)).run_virtual();
+  CHECK(other.global != a.global);
+}
+
+TEST_CASE("A killed learner restarts, rejoins with the global state and contributes again; the syncer keeps merging",
+          "[cluster]") {
+  ClusterConfig c = decoupled(4);
+  c.tape.add(Kill{2, 100, Downtime{80, Duration{0}}});
+  const auto r = Cluster(quad_plan(2), c, factory(4)).run_virtual();
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.kills == 1);
+  CHECK(r.restarts == 1);
+  CHECK(r.syncer.joins == 5);
+  CHECK(r.learners[2].sends > 0);  // the new incarnation contributed
+  CHECK(r.windows_alive_without_merge == 0);
+  CHECK(r.global_downtime == Duration{0});
+  CHECK(distance_to_optimum(r.global) < 0.05);
+  CHECK(r.goodput < 1.0);
+  CHECK(r.goodput > 0.9);
+}
+
+// With K = 1 every merge applies a full outer (Nesterov) step, so when faults
+// scatter the arrivals, merges hold fewer contributions (mean quorum 2.2
+// instead of 3.9 here) and the global takes more, smaller-quorum steps: the
+// effective outer learning rate rises. Measured on this tape: RMS distance 0.17
+// after the budget, against 0.003 without faults and 0.7 at the start. This is
+// the effect the grace window exists to counter (algorithm.md 4.5); the test
+// asserts the protocol (at-most-once merging, progress), not the optimum.
+TEST_CASE("Dropped, duplicated and reordered messages are survived: duplicates are merged at most once", "[cluster]") {
+  ClusterConfig c = decoupled(4);
+  MessageFaults f;
+  f.drop = 0.1;
+  f.duplicate = 0.2;
+  f.reorder = 0.2;
+  f.reorder_max = 50ms;
+  f.latency = 1ms;
+  c.tape.set_message_faults(f);
+  const auto r = Cluster(quad_plan(2), c, factory(4)).run_virtual();
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.syncer.rejected[static_cast<std::size_t>(RejectReason::duplicate)] > 0);
+  CHECK(r.syncer.contributions_accepted <= r.learners[0].sends + r.learners[1].sends + r.learners[2].sends +
+                                                 r.learners[3].sends);
+  CHECK(distance_to_optimum(r.global) < 0.35);  // half the starting distance
+}
+
+TEST_CASE("A partitioned learner keeps training and is resynchronised when the partition heals", "[cluster]") {
+  ClusterConfig c = decoupled(4);
+  c.syncer.max_staleness = 4;
+  c.tape.add(Partition{3, 1s, 2500ms});
+  const auto r = Cluster(quad_plan(2), c, factory(4)).run_virtual();
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.syncer.deaths >= 1);  // declared dead during the partition
+  CHECK(r.learners[3].sends > 0);
+  CHECK(r.syncer.rejected[static_cast<std::size_t>(RejectReason::stale)] >= 1);
+  CHECK(r.global_downtime == Duration{0});
+  CHECK(distance_to_optimum(r.global) < 0.05);
+}
+
+TEST_CASE("A scavenged learner joins for a while, contributes and leaves without disturbing the run", "[cluster]") {
+  ClusterConfig c = decoupled(2);
+  const auto alone = Cluster(quad_plan(2), c, factory(2)).run_virtual();
+  c.tape.add(Scavenge{5, 100, 300});
+  const auto r = Cluster(quad_plan(2), c, factory(2)).run_virtual();
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.syncer.joins == 3);
+  CHECK(r.syncer.leaves == 1);
+  REQUIRE(r.learners.size() > 5);
+  CHECK(r.learners[5].sends > 0);
+  // The scavenger runs out of phase with the others, so while it is present
+  // most of its merges hold its progress alone: more outer steps per round
+  // (see the faults test). Measured: RMS 0.063 with it, 0.003 without, 0.7 at
+  // the start; it must not derail the run.
+  CHECK(distance_to_optimum(alone.global) < 0.05);
+  CHECK(distance_to_optimum(r.global) < 0.1);
+}
+
+TEST_CASE("Lock-step mode with K = M merges every round with all learners (Streaming DiLoCo)", "[cluster]") {
+  ClusterConfig c = decoupled(4);
+  c.outer.lock_step = true;
+  c.syncer.quorum.min_quorum = 4;
+  c.syncer.quorum.grace = false;
+  const auto r = Cluster(quad_plan(2), c, factory(4)).run_virtual();
+  REQUIRE_FALSE(r.timed_out);
+  REQUIRE(r.syncer.quorum_sizes.size() == 5);
+  CHECK(r.syncer.quorum_sizes[4] == r.syncer.merges);
+  CHECK(distance_to_optimum(r.global) < 0.05);
+}
+
+TEST_CASE("With a straggler, wait-for-all loses goodput while K = 1 keeps every fast learner busy", "[cluster]") {
+  ClusterConfig fast = decoupled(4);
+  fast.tape.add(Slowdown{3, 3.0, 0, std::nullopt});
+  ClusterConfig sync = fast;
+  sync.outer.lock_step = true;
+  sync.syncer.quorum.min_quorum = 4;
+  sync.syncer.quorum.grace = false;
+  const auto a = Cluster(quad_plan(2), fast, factory(4)).run_virtual();
+  const auto b = Cluster(quad_plan(2), sync, factory(4)).run_virtual();
+  CHECK(a.goodput > 0.95);
+  CHECK(b.goodput < 0.8);
+  CHECK(a.elapsed < b.elapsed);
+}
+
+// Real threads: an inner step must cost more than the syncer's turnaround, as
+// in real training (seconds versus milliseconds); tensors of 8192 + 1024
+// elements with a Gaussian draw per element make a step ~100x the cost of
+// merging it. Threads run out of phase, so with K = 1 most merges hold one
+// learner's progress and the global takes M outer steps per round: with
+// Nesterov (0.7, 0.9) on this stiff quadratic that diverged (measured RMS 2.5
+// to 3.9). The outer step here is plain SGD with lr 0.5, which is stable at
+// M steps per round; the test is about threads and the protocol.
+TEST_CASE("Learners as real threads train to the optimum through the threaded syncer runtime", "[cluster][threads]") {
+  static constexpr std::size_t a = 8192, b = 1024;
+  ClusterConfig c = decoupled(4);
+  c.token_budget = 0;
+  c.steps_per_learner = 300;
+  c.syncer.quorum.cap = 1ms;
+  c.syncer_workers = 2;
+  MessageFaults f;
+  f.duplicate = 0.05;
+  c.tape.set_message_faults(f);
+  c.tape.add(Kill{1, 60, Downtime{std::nullopt, 5ms}});
+  auto heavy = [](LearnerId id, std::uint64_t inc) { return std::make_unique<QuadraticTrainer>(id, inc, 4, a, b); };
+  using ThreadedCluster = LocalCluster<QuadraticTrainer, RadialDirectional, PlainSGD, TokenWeights>;
+  const auto r = ThreadedCluster(quad_plan(2, a, b), c, heavy, RadialDirectional(), PlainSGD(0.5f)).run_threaded();
+  CHECK(r.inner_steps >= 4 * 300);
+  CHECK(r.kills == 1);
+  CHECK(r.restarts == 1);
+  CHECK(r.syncer.merges > 20);
+  INFO(r.syncer.line());
+  for (const auto& l : r.learners) INFO("learner sends " << l.sends << " applies " << l.applies << " late " << l.late_applies);
+  CHECK(distance_to_optimum(r.global) < 0.1);
+}
