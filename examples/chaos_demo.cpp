@@ -1,0 +1,481 @@
+// chaos_demo: the main job of issue 3. Four learners of the reference character model
+// (<ddiloco/reference/char_lm.hpp>) on the fortunes corpus, each on its own data shard, train with
+// four methods at equal token budgets, with and without a failure tape, and the demo reports the
+// validation loss of the GLOBAL parameters (the syncer's), simulated wall time, goodput and global
+// downtime:
+//   (a) synchronous data-parallel: average every step (P = 1, H = 1, tau = 0, lock-step, K = M,
+//       WeightedAverage + AverageOnly);
+//   (b) DiLoCo: P = 1, H, tau = 0, lock-step, K = M, WeightedAverage + Nesterov;
+//   (c) Streaming DiLoCo: P = 5, H, tau = 2, lock-step, K = M, WeightedAverage + Nesterov;
+//   (d) Decoupled DiLoCo: P = 5, H, tau = 2, non-blocking, K = 1 + grace window,
+//       token-weighted RDA + Nesterov;
+//   (e) (d) without the grace window, to measure what the grace window buys.
+//
+// Time is SIMULATED cluster time (LocalCluster::run_virtual): every inner step costs `--step-ms`
+// of virtual time times the learner's slowdown, and the compute is real. So the timing
+// comparison is deterministic and does not depend on the load of the machine running the demo;
+// the demo also prints the real elapsed seconds.
+//
+// Usage: chaos_demo [--steps N] [--seed S] [--quick] [--out DIR] [--H H] [--eval-examples E]
+//                   [--step-ms MS] [--fortunes DIR]
+// Writes DIR/results.csv, DIR/curves.csv and DIR/results.md (default DIR = results/chaos);
+// examples/plot_chaos.py draws DIR/loss_vs_time.png from them.
+#include <Eigen/Core>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <ddiloco/adapters/eigen.hpp>
+#include <ddiloco/local_cluster.hpp>
+#include <ddiloco/reference/char_lm.hpp>
+
+namespace ref = ddiloco::reference;
+using namespace std::chrono_literals;
+using ddiloco::Duration;
+
+namespace {
+
+constexpr std::size_t kLearners = 4;
+
+struct Args {
+  std::size_t steps = 1200;  ///< per-learner budget: the run stops at M * steps * batch tokens
+  std::uint64_t seed = 1;
+  std::size_t sync_every = 30;  ///< H of the DiLoCo methods
+  std::size_t eval_examples = 4096;
+  double step_ms = 100.0;  ///< simulated duration of one inner step at speed 1
+  std::string out = "results/chaos";
+  std::string fortunes = ref::default_fortune_dir().string();
+  bool quick = false;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "chaos_demo: %s\n"
+               "usage: chaos_demo [--steps N] [--seed S] [--quick] [--out DIR] [--H H] [--eval-examples E]\n"
+               "                  [--step-ms MS] [--fortunes DIR]\n",
+               why);
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  bool steps_given = false, eval_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") usage("compares data-parallel, DiLoCo, Streaming and Decoupled DiLoCo");
+    if (flag == "--quick") {
+      a.quick = true;
+      continue;
+    }
+    if (i + 1 >= argc) usage("every option but --quick takes a value");
+    const char* value = argv[++i];
+    char* end = nullptr;
+    if (flag == "--out") {
+      a.out = value;
+      continue;
+    }
+    if (flag == "--fortunes") {
+      a.fortunes = value;
+      continue;
+    }
+    if (flag == "--steps") {
+      a.steps = std::strtoull(value, &end, 10);
+      steps_given = true;
+    } else if (flag == "--seed") {
+      a.seed = std::strtoull(value, &end, 10);
+    } else if (flag == "--H") {
+      a.sync_every = std::strtoull(value, &end, 10);
+    } else if (flag == "--eval-examples") {
+      a.eval_examples = std::strtoull(value, &end, 10);
+      eval_given = true;
+    } else if (flag == "--step-ms") {
+      a.step_ms = std::strtod(value, &end);
+    } else {
+      usage("unknown option");
+    }
+    if (end == value || *end != '\0') usage("option value is not a number");
+  }
+  if (a.quick) {
+    if (!steps_given) a.steps = 4 * a.sync_every;
+    if (!eval_given) a.eval_examples = 512;
+  }
+  if (a.steps < a.sync_every) usage("--steps must be at least H (one outer round)");
+  if (a.sync_every < 3) usage("--H must be at least 3 (tau = 2 < H, and P <= H)");
+  if (!(a.step_ms > 0.0)) usage("--step-ms must be > 0");
+  if (a.eval_examples == 0) usage("--eval-examples must be > 0");
+  return a;
+}
+
+/// A learner for LocalCluster: the reference trainer on its shard (the ClusterTrainer concept).
+struct Learner {
+  using tensor_type = Eigen::MatrixXf;
+  ref::Trainer trainer;
+  std::int64_t* tokens;  ///< the run's token counter (progress lines)
+
+  Learner(const ref::TrainerConfig& config, std::span<const ref::Token> train, ref::Shard shard, std::int64_t* t)
+      : trainer(config, train, shard), tokens(t) {}
+  std::span<Eigen::MatrixXf> parameters() { return trainer.params(); }
+  std::int64_t inner_step() {
+    trainer.step();
+    const auto n = static_cast<std::int64_t>(trainer.tokens_per_step());
+    *tokens += n;
+    return n;
+  }
+};
+static_assert(ddiloco::ClusterTrainer<Learner>);
+
+enum class Kind { data_parallel, diloco, streaming, decoupled, decoupled_no_grace };
+enum class Tape { none, chaos, straggler };
+
+struct Method {
+  Kind kind;
+  std::string label;  ///< short name for tables and plots
+  std::size_t fragments, sync_every, overlap;
+  bool lock_step;
+  std::size_t quorum;
+  bool grace;
+};
+
+const char* tape_name(Tape t) {
+  switch (t) {
+    case Tape::none: return "none";
+    case Tape::chaos: return "chaos";
+    case Tape::straggler: return "straggler";
+  }
+  return "?";
+}
+
+struct Row {
+  Method method;
+  Tape tape;
+  double val_loss = 0;
+  double sim_s = 0, real_s = 0, goodput = 0, downtime_s = 0, mean_quorum = 0;
+  std::size_t windows = 0, windows_without_merge = 0;
+  std::uint64_t merges = 0, kills = 0, restarts = 0, deadline_merges = 0, grace_waits = 0, rejected = 0;
+  std::int64_t tokens = 0;
+  bool timed_out = false;
+};
+
+struct CurvePoint {
+  std::string label;
+  Tape tape;
+  double sim_s;
+  std::int64_t tokens;
+  double val_loss;
+};
+
+struct Context {
+  Args args;
+  ref::FortuneCorpus corpus;
+  ref::TrainerConfig trainer;
+  std::vector<ddiloco::TensorSpec> specs;
+  std::vector<CurvePoint> curves;
+};
+
+double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
+
+/// The global parameters (flat, plan order = model order) scored on the validation split.
+double validation_loss(Context& ctx, std::span<const float> flat) {
+  ref::CharLm model(ctx.trainer.model);
+  ref::Params p = model.zeros();
+  std::size_t off = 0;
+  for (auto& t : p) {
+    std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(off), t.size(), t.data());
+    off += static_cast<std::size_t>(t.size());
+  }
+  return ref::evaluate(model, p, ctx.corpus.validation, ctx.args.eval_examples);
+}
+
+/// The failure tape: learner 1 dies a third of the way in and is down for a fifth of the budget
+/// (it restarts and rejoins), learner 3 runs 3x slower throughout, 2% of messages are lost and
+/// every message takes 5 ms + up to 5 ms jitter. The straggler tape has only the slow learner.
+ddiloco::FaultTape make_tape(Tape kind, const Args& a) {
+  ddiloco::FaultTape tape(a.seed);
+  if (kind == Tape::none) return tape;
+  tape.add(ddiloco::Slowdown{3, 3.0, 0, std::nullopt});
+  if (kind == Tape::straggler) return tape;
+  tape.add(ddiloco::Kill{1, a.steps / 3, ddiloco::Downtime{a.steps / 5, Duration{0}}});
+  ddiloco::MessageFaults f;
+  f.drop = 0.02;
+  f.latency = 5ms;
+  f.jitter = 5ms;
+  tape.set_message_faults(f);
+  return tape;
+}
+
+ddiloco::ClusterConfig make_config(const Method& m, Tape tape, const Context& ctx) {
+  const Args& a = ctx.args;
+  ddiloco::ClusterConfig c;
+  c.learners = kLearners;
+  c.step_time = std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(a.step_ms));
+  c.token_budget = static_cast<std::int64_t>(kLearners * a.steps * ctx.trainer.batch_size);
+  c.tape = make_tape(tape, a);
+  c.outer.sync_every = m.sync_every;
+  c.outer.overlap = m.overlap;
+  c.outer.lock_step = m.lock_step;
+  c.outer.alpha = 0.0f;
+  // Liveness, in units of the step time so the settings scale with --step-ms:
+  // a heartbeat every 10 steps, declared dead after 30 silent steps.
+  c.outer.heartbeat_interval = c.step_time * 10;
+  c.outer.join_retry = c.step_time * 10;
+  c.syncer.heartbeat_timeout = c.step_time * 30;
+  c.syncer.quorum.min_quorum = m.quorum;
+  c.syncer.quorum.overlap = m.overlap;
+  c.syncer.quorum.grace = m.grace;
+  c.syncer.quorum.gamma = 0.3;
+  c.syncer.quorum.cap = c.step_time;  // "about one inner step" (paper)
+  // A wait-for-all round must wait for the 3x straggler, which sends 2H step times after the
+  // fast learners: the hard deadline is 4H step times after the round's first contribution (and
+  // at least the heartbeat time-out). It bounds a round whose contribution was lost; a dead
+  // learner unblocks the others sooner, when its heartbeat times out. A lock-step learner whose
+  // global was lost gives up waiting after the same time and goes on.
+  const Duration round = c.step_time * static_cast<Duration::rep>(4 * m.sync_every);
+  c.syncer.quorum.deadline = std::max(round, c.syncer.heartbeat_timeout);
+  c.outer.lock_step_timeout = c.syncer.quorum.deadline;
+  c.sample_every = c.step_time * 100;
+  return c;
+}
+
+template <class Rule, class Opt>
+Row run(Context& ctx, const Method& m, Tape tape, Opt opt) {
+  const Args& a = ctx.args;
+  const ddiloco::Plan plan = ddiloco::make_plan(ctx.specs, m.fragments);
+  ddiloco::ClusterConfig config = make_config(m, tape, ctx);
+  std::int64_t tokens = 0;
+  const std::string name = m.label + (tape == Tape::none ? "" : std::string(" / ") + tape_name(tape));
+  Duration next_progress{0};
+  const Duration progress_every = config.step_time * 300;
+  config.on_sample = [&](ddiloco::TimePoint t, std::span<const float> global, const ddiloco::SyncerStatus& s) {
+    const double loss = validation_loss(ctx, global);
+    const double sim = seconds(t - ddiloco::TimePoint{0});
+    ctx.curves.push_back({m.label, tape, sim, tokens, loss});
+    if (t - ddiloco::TimePoint{0} >= next_progress) {
+      std::printf("  [%s] t=%7.1fs tokens=%8lld val=%.4f | %s\n", name.c_str(), sim, static_cast<long long>(tokens),
+                  loss, s.line().c_str());
+      std::fflush(stdout);
+      next_progress = t - ddiloco::TimePoint{0} + progress_every;
+    }
+  };
+  const ref::TrainerConfig base = ctx.trainer;
+  const auto& train = ctx.corpus.train;
+  auto factory = [&, base](ddiloco::LearnerId id, std::uint64_t incarnation) {
+    ref::TrainerConfig c = base;
+    // Every learner starts from the same initial parameters (the seed); a restarted learner gets
+    // them from the syncer at its join, and a new data order (seed + incarnation).
+    c.seed = base.seed + incarnation;
+    return std::make_unique<Learner>(c, train, ref::Shard{id, kLearners}, &tokens);
+  };
+  std::printf("run %s: P=%zu H=%zu tau=%zu %s K=%zu%s\n", name.c_str(), m.fragments, m.sync_every, m.overlap,
+              m.lock_step ? "lock-step" : "non-blocking", m.quorum, m.grace ? " + grace" : "");
+  std::fflush(stdout);
+  const auto t0 = std::chrono::steady_clock::now();
+  ddiloco::LocalCluster<Learner, Rule, Opt, ddiloco::TokenWeights> cluster(plan, config, factory, Rule(), opt);
+  const ddiloco::ClusterResult r = cluster.run_virtual();
+  Row row{m, tape};
+  row.real_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  row.val_loss = validation_loss(ctx, r.global);
+  row.sim_s = seconds(r.elapsed);
+  row.goodput = r.goodput;
+  row.downtime_s = seconds(r.global_downtime);
+  row.windows = r.windows;
+  row.windows_without_merge = r.windows_alive_without_merge;
+  row.merges = r.syncer.merges;
+  row.mean_quorum = r.syncer.mean_quorum_size();
+  row.tokens = r.tokens;
+  row.kills = r.kills;
+  row.restarts = r.restarts;
+  row.rejected = r.syncer.rejected_total();
+  row.timed_out = r.timed_out;
+  for (const auto& f : r.syncer.fragments) {
+    row.deadline_merges += f.deadline_merges;
+    row.grace_waits += f.grace_waits;
+  }
+  std::printf("  done %s: val=%.4f sim=%.1fs goodput=%.3f downtime=%.1fs merges=%llu mean-quorum=%.2f "
+              "deadline-merges=%llu grace-waits=%llu real=%.1fs%s\n",
+              name.c_str(), row.val_loss, row.sim_s, row.goodput, row.downtime_s,
+              static_cast<unsigned long long>(row.merges), row.mean_quorum,
+              static_cast<unsigned long long>(row.deadline_merges), static_cast<unsigned long long>(row.grace_waits),
+              row.real_s, r.timed_out ? " TIMED OUT" : "");
+  std::fflush(stdout);
+  (void)a;
+  return row;
+}
+
+Row run_method(Context& ctx, const Method& m, Tape tape) {
+  // One outer optimizer for every Nesterov method: lr 0.7, momentum 0.9 (DiLoCo's defaults).
+  switch (m.kind) {
+    case Kind::data_parallel: return run<ddiloco::WeightedAverage>(ctx, m, tape, ddiloco::AverageOnly());
+    case Kind::diloco:
+    case Kind::streaming: return run<ddiloco::WeightedAverage>(ctx, m, tape, ddiloco::NesterovSGD(0.7f, 0.9f));
+    case Kind::decoupled:
+    case Kind::decoupled_no_grace:
+      return run<ddiloco::RadialDirectional>(ctx, m, tape, ddiloco::NesterovSGD(0.7f, 0.9f));
+  }
+  throw ddiloco::InvalidArgument("chaos_demo: unknown method");
+}
+
+std::string table(const std::vector<Row>& rows) {
+  std::ostringstream o;
+  o << "| method | failures | val loss | sim time (s) | goodput | global downtime (s) | windows w/o merge | "
+       "merges | mean quorum | deadline merges |\n";
+  o << "|---|---|---|---|---|---|---|---|---|---|\n";
+  char buf[512];
+  for (const auto& r : rows) {
+    std::snprintf(buf, sizeof buf, "| %s | %s | %.4f | %.1f | %.3f | %.1f | %zu/%zu | %llu | %.2f | %llu |%s\n",
+                  r.method.label.c_str(), r.tape == Tape::none ? "no" : (r.tape == Tape::chaos ? "yes" : "straggler"),
+                  r.val_loss, r.sim_s, r.goodput, r.downtime_s, r.windows_without_merge, r.windows,
+                  static_cast<unsigned long long>(r.merges), r.mean_quorum,
+                  static_cast<unsigned long long>(r.deadline_merges), r.timed_out ? " TIMED OUT" : "");
+    o << buf;
+  }
+  return o.str();
+}
+
+const Row* find(const std::vector<Row>& rows, Kind k, Tape t) {
+  for (const auto& r : rows)
+    if (r.method.kind == k && r.tape == t) return &r;
+  return nullptr;
+}
+
+std::string targets(const std::vector<Row>& rows) {
+  std::ostringstream o;
+  char buf[512];
+  const Row* dec = find(rows, Kind::decoupled, Tape::chaos);
+  const Row* dil = find(rows, Kind::diloco, Tape::none);
+  if (dec && dil) {
+    const double rel = (dec->val_loss - dil->val_loss) / dil->val_loss * 100.0;
+    std::snprintf(buf, sizeof buf,
+                  "- Decoupled under failures %.4f vs DiLoCo without failures %.4f: %+.2f%% (target within 3%%): %s\n",
+                  dec->val_loss, dil->val_loss, rel, std::abs(rel) <= 3.0 || rel < 0 ? "MET" : "MISSED");
+    o << buf;
+    std::snprintf(buf, sizeof buf,
+                  "- Decoupled under failures: global downtime %.1f s, windows alive without a merge %zu of %zu "
+                  "(target 0): %s\n",
+                  dec->downtime_s, dec->windows_without_merge, dec->windows,
+                  dec->downtime_s == 0.0 && dec->windows_without_merge == 0 ? "MET" : "MISSED");
+    o << buf;
+  }
+  if (dec) {
+    bool beats = true;
+    std::string others;
+    for (Kind k : {Kind::data_parallel, Kind::diloco, Kind::streaming}) {
+      const Row* w = find(rows, k, Tape::chaos);
+      if (!w) continue;
+      beats = beats && dec->sim_s < w->sim_s;
+      std::snprintf(buf, sizeof buf, "%s%s %.1f s", others.empty() ? "" : ", ", w->method.label.c_str(), w->sim_s);
+      others += buf;
+    }
+    std::snprintf(buf, sizeof buf, "- Wall time under failures: Decoupled %.1f s vs %s: %s\n", dec->sim_s,
+                  others.c_str(), beats ? "MET" : "MISSED");
+    o << buf;
+  }
+  const Row* g = find(rows, Kind::decoupled, Tape::straggler);
+  const Row* ng = find(rows, Kind::decoupled_no_grace, Tape::straggler);
+  if (g && ng) {
+    std::snprintf(buf, sizeof buf,
+                  "- Straggler: K = 1 + grace %.4f (mean quorum %.2f) vs K = 1 without grace %.4f (mean quorum "
+                  "%.2f): %s\n",
+                  g->val_loss, g->mean_quorum, ng->val_loss, ng->mean_quorum,
+                  g->val_loss < ng->val_loss ? "grace better (MET)" : "grace not better (MISSED)");
+    o << buf;
+  }
+  return o.str();
+}
+
+void write_outputs(const Context& ctx, const std::vector<Row>& rows, const std::string& md) {
+  namespace fs = std::filesystem;
+  const fs::path dir = ctx.args.out;
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "results.csv");
+    f << "method,label,tape,val_loss,sim_time_s,goodput,global_downtime_s,windows,windows_alive_without_merge,"
+         "merges,mean_quorum,deadline_merges,grace_waits,rejected,tokens,kills,restarts,timed_out,real_s\n";
+    for (const auto& r : rows) {
+      f << static_cast<int>(r.method.kind) << ',' << r.method.label << ',' << tape_name(r.tape) << ',' << r.val_loss
+        << ',' << r.sim_s << ',' << r.goodput << ',' << r.downtime_s << ',' << r.windows << ','
+        << r.windows_without_merge << ',' << r.merges << ',' << r.mean_quorum << ',' << r.deadline_merges << ','
+        << r.grace_waits << ',' << r.rejected << ',' << r.tokens << ',' << r.kills << ',' << r.restarts << ','
+        << (r.timed_out ? 1 : 0) << ',' << r.real_s << '\n';
+    }
+  }
+  {
+    std::ofstream f(dir / "curves.csv");
+    f << "label,tape,sim_time_s,tokens,val_loss\n";
+    for (const auto& c : ctx.curves)
+      f << c.label << ',' << tape_name(c.tape) << ',' << c.sim_s << ',' << c.tokens << ',' << c.val_loss << '\n';
+  }
+  {
+    std::ofstream f(dir / "results.md");
+    f << md;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Context ctx{parse(argc, argv), {}, {}, {}, {}};
+    const Args& a = ctx.args;
+    Eigen::setNbThreads(1);
+    const auto t_start = std::chrono::steady_clock::now();
+    ctx.corpus = ref::load_fortunes({.dir = a.fortunes});
+    ctx.trainer.seed = a.seed;
+    ctx.specs = ref::CharLm(ctx.trainer.model).tensor_specs();
+    const std::size_t P = ctx.specs.size();  // one fragment per tensor: P = 5
+    const std::size_t H = a.sync_every;
+    std::printf("chaos_demo: M = %zu learners of the reference char LM (%zu tensors), fortunes %zu train / %zu "
+                "validation characters\n",
+                kLearners, P, ctx.corpus.train.size(), ctx.corpus.validation.size());
+    std::printf("budget: %zu inner steps per learner = %zu tokens in all, every method; batch %zu; H = %zu\n", a.steps,
+                kLearners * a.steps * ctx.trainer.batch_size, ctx.trainer.batch_size, H);
+    std::printf("time: SIMULATED cluster time (virtual clock, one inner step = %.0f ms x slowdown, real compute);\n"
+                "      deterministic and independent of this machine's load. Real seconds are printed too.\n",
+                a.step_ms);
+    std::printf("failure tape: learner 1 killed at its step %zu, down %zu step times, then rejoins; learner 3 "
+                "3x slower; 2%% of messages dropped; latency 5 ms + up to 5 ms jitter\n",
+                a.steps / 3, a.steps / 5);
+    std::printf("validation: loss of the syncer's global parameters on %zu fixed validation examples (nats/char)\n\n",
+                a.eval_examples);
+
+    const std::vector<Method> methods = {
+        {Kind::data_parallel, "(a) data-parallel", 1, 1, 0, true, kLearners, false},
+        {Kind::diloco, "(b) DiLoCo", 1, H, 0, true, kLearners, false},
+        {Kind::streaming, "(c) Streaming DiLoCo", P, H, 2, true, kLearners, false},
+        {Kind::decoupled, "(d) Decoupled DiLoCo", P, H, 2, false, 1, true},
+    };
+    const Method no_grace{Kind::decoupled_no_grace, "(e) Decoupled K=1 no grace", P, H, 2, false, 1, false};
+
+    std::vector<Row> rows;
+    for (const auto& m : methods)
+      for (Tape t : {Tape::none, Tape::chaos}) rows.push_back(run_method(ctx, m, t));
+    rows.push_back(run_method(ctx, methods[3], Tape::straggler));
+    rows.push_back(run_method(ctx, no_grace, Tape::straggler));
+    rows.push_back(run_method(ctx, no_grace, Tape::chaos));
+
+    std::ostringstream md;
+    md << "Equal budget: " << kLearners * a.steps * ctx.trainer.batch_size << " tokens (" << a.steps
+       << " inner steps per learner), M = " << kLearners << ", H = " << H << ", seed " << a.seed
+       << ". Time is simulated cluster time (one inner step = " << a.step_ms << " ms).\n\n";
+    md << table(rows) << "\nTargets (measured):\n" << targets(rows);
+    const double real = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    md << "\nReal elapsed: " << static_cast<int>(real) << " s\n";
+    std::printf("\n%s", md.str().c_str());
+    write_outputs(ctx, rows, md.str());
+    std::printf("wrote %s/results.csv, %s/curves.csv, %s/results.md\n", a.out.c_str(), a.out.c_str(), a.out.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chaos_demo: %s\n", e.what());
+    return 1;
+  }
+}
