@@ -8,6 +8,8 @@
 // into outgoing messages (an Outbox). It is thread-safe: membership has one
 // lock and each fragment its own, so contributions to different fragments are
 // validated and accumulated in parallel by a runtime's worker pool.
+// Its durable state can be copied out (snapshot()) and put back (restore())
+// as a SyncerSnapshot; files are <ddiloco/checkpoint.hpp>'s business.
 // What it is not: a network loop or a thread pool (see syncer_runtime.hpp),
 // nor the maths of merging (merge.hpp), of the outer step
 // (outer_optimizer.hpp) or of waiting (quorum.hpp); those are policies.
@@ -121,6 +123,8 @@ struct FragmentStatus {
   std::uint64_t contributions_merged = 0; ///< over all merges
   std::uint64_t grace_waits = 0;          ///< merges that waited for a grace window
   std::uint64_t deadline_merges = 0;      ///< merges forced by the hard deadline
+
+  bool operator==(const FragmentStatus&) const = default;
 };
 
 struct SyncerStatus {
@@ -163,6 +167,68 @@ struct SyncerStatus {
                        contributions_accepted, " rejected ", rejected_total(), rej.empty() ? "" : " (", rej,
                        rej.empty() ? "" : ")", " in ", bytes_in / 1024, " KiB out ", bytes_out / 1024, " KiB");
   }
+};
+
+/// One fragment's durable state inside a SyncerSnapshot.
+struct FragmentSnapshot {
+  std::vector<float> theta;  ///< Theta_p, the global values
+  std::vector<float> state;  ///< outer optimizer state (Opt::state_size(theta.size()) floats)
+  std::uint64_t version = 0;
+  /// Highest sequence seen per learner: restoring it is what makes a replay of a
+  /// contribution merged before the checkpoint a duplicate after it.
+  std::map<LearnerId, std::uint64_t> last_sequence;
+  double norm_ema = 0.0;  ///< moving average of accepted per-step norms
+  std::uint64_t norm_samples = 0;
+  /// Counters; `version` and `open_contributions` are ignored on restore
+  /// (the version is the field above, the open round is not saved).
+  FragmentStatus status{};
+  std::vector<std::uint64_t> quorum_sizes;  ///< quorum_sizes[k] = merges of k contributions
+  std::uint64_t accepted = 0;
+  std::uint64_t rejected_duplicate = 0;
+  std::uint64_t rejected_stale = 0;
+  std::uint64_t rejected_future = 0;
+  std::uint64_t rejected_norm = 0;
+
+  bool operator==(const FragmentSnapshot&) const = default;
+};
+
+/// One known learner inside a SyncerSnapshot (its sequence space).
+struct LearnerSnapshot {
+  LearnerId id = 0;
+  std::uint64_t incarnation = 0;
+  std::uint64_t first_sequence = 0;
+  std::uint64_t join_nonce = 0;
+
+  bool operator==(const LearnerSnapshot&) const = default;
+};
+
+/// Everything a syncer needs to resume after a restart, as plain values (the
+/// file format is <ddiloco/checkpoint.hpp>). Taken by Syncer::snapshot(),
+/// applied by Syncer::restore().
+///
+/// Not saved, on purpose:
+///   - the open round of each fragment (its accumulator, contributors, wait
+///     state): contributions accepted but not yet merged are dropped on
+///     restart. Their sequences are in last_sequence, so a replay is a
+///     duplicate: nothing is ever merged twice, and at most one round per
+///     fragment is lost;
+///   - learner liveness: every restored learner starts alive, heard from at the
+///     restore time, so the quorum counts it until the heartbeat time-out;
+///   - step-time observations of the wait policy (re-learnt in a few rounds).
+struct SyncerSnapshot {
+  std::uint64_t fingerprint = 0;  ///< Plan::fingerprint() of the syncer's plan
+  std::string optimizer;          ///< Opt::name: the state layout depends on it
+  std::vector<FragmentSnapshot> fragments;  ///< in fragment order, one per fragment
+  std::vector<LearnerSnapshot> learners;    ///< sorted by id, ids distinct
+  std::uint64_t joins = 0;
+  std::uint64_t leaves = 0;
+  std::uint64_t deaths = 0;
+  std::uint64_t bytes_in = 0;
+  std::uint64_t bytes_out = 0;
+  /// Syncer-wide rejections (the per-fragment ones are in FragmentSnapshot).
+  std::array<std::uint64_t, kRejectReasons> rejected{};
+
+  bool operator==(const SyncerSnapshot&) const = default;
 };
 
 template <MergeRule Rule = RadialDirectional, OuterOptimizer Opt = NesterovSGD, WeightRule Weights = TokenWeights,
@@ -334,7 +400,156 @@ class Syncer {
     return alive_count_locked();
   }
 
+  /// A consistent copy of the durable state (see SyncerSnapshot for what is
+  /// not saved). Safe while other threads handle messages: it holds every
+  /// fragment's lock, taken in index order, and then the membership lock, the
+  /// same order as the message paths (which hold at most one fragment lock and
+  /// may take the membership lock under it), so it cannot deadlock with them.
+  [[nodiscard]] SyncerSnapshot snapshot() const {
+    std::vector<std::unique_lock<std::mutex>> locks;
+    locks.reserve(fragments_.size());
+    for (const auto& f : fragments_) locks.emplace_back(f.mutex);
+    std::unique_lock members(members_mutex_);
+    SyncerSnapshot s;
+    s.fingerprint = plan_.fingerprint();
+    s.optimizer = std::string(Opt::name);
+    s.fragments.reserve(fragments_.size());
+    for (const auto& f : fragments_) {
+      FragmentSnapshot fs;
+      fs.theta = f.theta;
+      fs.state = f.state;
+      fs.version = f.version;
+      fs.last_sequence = f.last_sequence;
+      fs.norm_ema = f.norm_ema;
+      fs.norm_samples = f.norm_samples;
+      fs.status = f.status;
+      fs.status.version = f.version;
+      fs.status.open_contributions = 0;  // the open round is not saved
+      fs.quorum_sizes = f.quorum_sizes;
+      fs.accepted = f.accepted;
+      fs.rejected_duplicate = f.rejected_duplicate;
+      fs.rejected_stale = f.rejected_stale;
+      fs.rejected_future = f.rejected_future;
+      fs.rejected_norm = f.rejected_norm;
+      s.fragments.push_back(std::move(fs));
+    }
+    s.learners.reserve(learners_.size());
+    for (const auto& [id, l] : learners_) s.learners.push_back({id, l.incarnation, l.first_sequence, l.join_nonce});
+    s.joins = counters_.joins;
+    s.leaves = counters_.leaves;
+    s.deaths = counters_.deaths;
+    s.bytes_in = counters_.bytes_in;
+    s.bytes_out = counters_.bytes_out;
+    s.rejected = counters_.rejected;
+    return s;
+  }
+
+  /// Replaces the durable state with `s` (normally right after construction,
+  /// from the newest valid checkpoint). Every open round is discarded; every
+  /// restored learner is alive, last seen now. Validates everything before
+  /// changing anything: ProtocolError if `s` is from another plan or optimizer
+  /// or is internally inconsistent, ShapeMismatch if a fragment's sizes differ
+  /// from this syncer's plan. Contributions whose sequence is <= the restored
+  /// last_sequence are rejected as duplicates afterwards.
+  void restore(const SyncerSnapshot& s) {
+    validate_snapshot(s);
+    std::vector<std::unique_lock<std::mutex>> locks;
+    locks.reserve(fragments_.size());
+    for (auto& f : fragments_) locks.emplace_back(f.mutex);
+    std::unique_lock members(members_mutex_);
+    const TimePoint now = clock_->now();
+    std::uint64_t merges = 0;
+    for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      auto& f = fragments_[p];
+      const auto& fs = s.fragments[p];
+      std::copy(fs.theta.begin(), fs.theta.end(), f.theta.begin());
+      std::copy(fs.state.begin(), fs.state.end(), f.state.begin());
+      f.version = fs.version;
+      f.published = make_payload(f.theta);
+      f.acc->reset();
+      f.wait.emplace(Wait(config_.quorum));
+      f.round = RoundState{};
+      f.contributors.clear();
+      f.wake.reset();
+      f.last_sequence = fs.last_sequence;
+      // A snapshot cannot be taken between a join's membership update and its
+      // per-fragment sequence bump, but a hand-made one could: re-establish the
+      // invariant last_sequence >= first_sequence of the current incarnation.
+      for (const auto& l : s.learners) {
+        auto& last = f.last_sequence[l.id];
+        last = std::max(last, l.first_sequence);
+      }
+      f.norm_ema = fs.norm_ema;
+      f.norm_samples = static_cast<std::size_t>(fs.norm_samples);
+      f.status = fs.status;
+      f.status.version = fs.version;
+      f.status.open_contributions = 0;
+      f.quorum_sizes = fs.quorum_sizes;
+      f.accepted = fs.accepted;
+      f.rejected_duplicate = fs.rejected_duplicate;
+      f.rejected_stale = fs.rejected_stale;
+      f.rejected_future = fs.rejected_future;
+      f.rejected_norm = fs.rejected_norm;
+      merges += fs.status.merges;
+    }
+    learners_.clear();
+    for (const auto& l : s.learners) {
+      LearnerInfo info;
+      info.incarnation = l.incarnation;
+      info.first_sequence = l.first_sequence;
+      info.join_nonce = l.join_nonce;
+      info.last_seen = now;
+      info.alive = true;
+      learners_.emplace(l.id, info);
+    }
+    counters_ = SyncerStatus{};
+    counters_.joins = s.joins;
+    counters_.leaves = s.leaves;
+    counters_.deaths = s.deaths;
+    counters_.bytes_in = s.bytes_in;
+    counters_.bytes_out = s.bytes_out;
+    counters_.rejected = s.rejected;
+    merges_total_.store(merges, std::memory_order_relaxed);
+  }
+
  private:
+  /// restore()'s checks, before anything changes.
+  void validate_snapshot(const SyncerSnapshot& s) const {
+    if (s.fingerprint != plan_.fingerprint())
+      throw ProtocolError(detail::msg("Syncer::restore: snapshot plan fingerprint 0x", std::hex, s.fingerprint,
+                                      " differs from this syncer's 0x", plan_.fingerprint(), std::dec,
+                                      "; restore only a checkpoint written by a syncer with the same tensor "
+                                      "list, P and fragmentation strategy"));
+    if (s.optimizer != Opt::name)
+      throw ProtocolError(detail::msg("Syncer::restore: snapshot optimizer '", s.optimizer,
+                                      "' differs from this syncer's '", Opt::name,
+                                      "'; its state cannot be reused, start with the same outer optimizer"));
+    if (s.fragments.size() != fragments_.size())
+      throw ShapeMismatch(detail::msg("Syncer::restore: snapshot has ", s.fragments.size(),
+                                      " fragments but the plan has ", fragments_.size()));
+    for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      const auto& fs = s.fragments[p];
+      const std::size_t n = fragments_[p].theta.size();
+      if (fs.theta.size() != n)
+        throw ShapeMismatch(detail::msg("Syncer::restore: fragment ", p, " theta has ", fs.theta.size(),
+                                        " elements but the plan's fragment has ", n));
+      if (fs.state.size() != opt_.state_size(n))
+        throw ShapeMismatch(detail::msg("Syncer::restore: fragment ", p, " optimizer state has ", fs.state.size(),
+                                        " elements but ", Opt::name, " needs ", opt_.state_size(n)));
+      for (std::size_t i = 0; i < n; ++i)
+        if (!std::isfinite(fs.theta[i]))
+          throw ProtocolError(detail::msg("Syncer::restore: fragment ", p, " theta[", i, "] = ", fs.theta[i],
+                                          " is not finite; use an older checkpoint"));
+      if (!std::isfinite(fs.norm_ema) || fs.norm_ema < 0.0)
+        throw ProtocolError(detail::msg("Syncer::restore: fragment ", p, " norm_ema = ", fs.norm_ema,
+                                        " must be finite and >= 0"));
+    }
+    for (std::size_t i = 1; i < s.learners.size(); ++i)
+      if (s.learners[i].id <= s.learners[i - 1].id)
+        throw ProtocolError(detail::msg("Syncer::restore: learner ids must be distinct and sorted, but id ",
+                                        s.learners[i].id, " follows ", s.learners[i - 1].id));
+  }
+
   struct LearnerInfo {
     std::uint64_t incarnation = 0;
     std::uint64_t first_sequence = 0;  ///< sequences <= this are from an older incarnation

@@ -1,0 +1,603 @@
+// ddiloco/checkpoint.hpp: the syncer's checkpoint files (issue 4, "Durability").
+//
+// What it is: a binary file format for a SyncerSnapshot, an atomic writer
+// (temporary file, fsync, rename, fsync of the directory) that keeps the newest
+// K files, and a loader that takes the newest file that passes every check and
+// reports each one it skipped (truncated, corrupted, inconsistent) with a reason.
+// What it is not: a scheduler (when to checkpoint is the syncer program's
+// choice, on an interval and on SIGTERM/SIGINT), nor a general serialiser: it
+// knows exactly one record, SyncerSnapshot (<ddiloco/syncer.hpp>).
+//
+// # File format, version 1 (every integer little-endian, floats as IEEE-754
+// binary32 bits, doubles as binary64 bits)
+//
+//   header, 32 bytes:
+//     magic           8 bytes  "DDILOCKP"
+//     format_version  u32      1
+//     section_count   u32
+//     serial          u64      the number in the file name
+//     body_length     u64      bytes of sections that follow the header
+//   body: section_count sections, each
+//     tag             u32      1 = meta, 2 = fragment, 3 = members
+//     reserved        u32      0
+//     length          u64      bytes of the section's content
+//     content         length bytes
+//   trailer:
+//     checksum        u64      FNV-1a 64 (detail/hash.hpp) of header and body
+//
+//   meta (exactly one, first):  fingerprint u64, optimizer name (u64 length +
+//     bytes), fragment count u64, joins, leaves, deaths, bytes_in, bytes_out
+//     (u64 each), reject-reason count u64, that many u64 counters.
+//   fragment (one per fragment, in order): index u64, version u64, norm_ema f64,
+//     norm_samples u64, merges, last_quorum_size, contributions_merged,
+//     grace_waits, deadline_merges, accepted, rejected_duplicate,
+//     rejected_stale, rejected_future, rejected_norm (u64 each), quorum_sizes
+//     (u64 count + u64 values), last_sequence (u64 count + pairs of u64 learner
+//     id, u64 sequence), theta (u64 count + f32 values), state (u64 count + f32).
+//   members (exactly one): u64 count, then per learner: id, incarnation,
+//     first_sequence, join_nonce (u64 each).
+//   Sections with another tag are skipped (room for later additions).
+//
+// A reader never trusts a length: the file size must equal 32 + body_length +
+// 8 before anything else is read, every count is compared with the bytes left
+// before memory is allocated, and each section must be consumed exactly.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <ddiloco/detail/hash.hpp>
+#include <ddiloco/error.hpp>
+#include <ddiloco/syncer.hpp>
+
+namespace ddiloco {
+
+inline constexpr std::array<char, 8> kCheckpointMagic{'D', 'D', 'I', 'L', 'O', 'C', 'K', 'P'};
+inline constexpr std::uint32_t kCheckpointFormatVersion = 1;
+
+struct CheckpointOptions {
+  /// Number of checkpoint files kept in the directory (the newest ones); >= 1.
+  std::size_t keep = 3;
+};
+
+/// A checkpoint read back from a file.
+struct LoadedCheckpoint {
+  std::filesystem::path path;
+  std::uint64_t serial = 0;
+  SyncerSnapshot snapshot;
+};
+
+/// A checkpoint file that load_newest_valid() skipped, and why.
+struct CheckpointProblem {
+  std::filesystem::path path;
+  std::string reason;
+};
+
+/// The file name of checkpoint `serial`: "checkpoint-<20 digits>.ddck", zero
+/// padded so that names sort like serials.
+inline std::string checkpoint_file_name(std::uint64_t serial) {
+  std::string digits = std::to_string(serial);
+  return "checkpoint-" + std::string(20 - digits.size(), '0') + digits + ".ddck";
+}
+
+/// The serial of a checkpoint file name, or nullopt if `name` is not one
+/// (temporary files and anything else in the directory are not).
+inline std::optional<std::uint64_t> checkpoint_serial(std::string_view name) {
+  constexpr std::string_view prefix = "checkpoint-", suffix = ".ddck";
+  if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix))
+    return std::nullopt;
+  const std::string_view digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.size() > 20 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (ec != std::errc{} || end != digits.data() + digits.size()) return std::nullopt;
+  return v;
+}
+
+namespace detail {
+
+enum class CheckpointSection : std::uint32_t { meta = 1, fragment = 2, members = 3 };
+inline constexpr std::size_t kCheckpointHeaderBytes = 32;
+inline constexpr std::size_t kCheckpointTrailerBytes = 8;
+inline constexpr std::size_t kCheckpointSectionHeaderBytes = 16;
+
+inline std::uint64_t checkpoint_checksum(std::span<const std::byte> bytes) {
+  return Fnv1a64{}.bytes(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size())).value();
+}
+
+/// Appends little-endian values to a byte buffer.
+class ByteWriter {
+ public:
+  void u32(std::uint32_t v) { put_le(v, 4); }
+  void u64(std::uint64_t v) { put_le(v, 8); }
+  void f64(double v) { u64(std::bit_cast<std::uint64_t>(v)); }
+  void str(std::string_view s) {
+    u64(s.size());
+    const auto* b = reinterpret_cast<const std::byte*>(s.data());
+    buf_.insert(buf_.end(), b, b + s.size());
+  }
+  void floats(std::span<const float> v) {
+    u64(v.size());
+    if constexpr (std::endian::native == std::endian::little) {
+      const auto* b = reinterpret_cast<const std::byte*>(v.data());
+      buf_.insert(buf_.end(), b, b + v.size_bytes());
+    } else {
+      for (float x : v) u32(std::bit_cast<std::uint32_t>(x));
+    }
+  }
+  /// Overwrites 8 bytes at `at` (a length reserved earlier).
+  void patch_u64(std::size_t at, std::uint64_t v) {
+    for (std::size_t i = 0; i < 8; ++i) buf_[at + i] = static_cast<std::byte>((v >> (8 * i)) & 0xFFU);
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return buf_.size(); }
+  [[nodiscard]] std::vector<std::byte>& bytes() noexcept { return buf_; }
+
+ private:
+  void put_le(std::uint64_t v, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) buf_.push_back(static_cast<std::byte>((v >> (8 * i)) & 0xFFU));
+  }
+  std::vector<std::byte> buf_;
+};
+
+/// Reads little-endian values from a byte range; every read checks the bytes
+/// left first. A failed read sets `error` (the first one wins) and returns 0.
+class ByteReader {
+ public:
+  explicit ByteReader(std::span<const std::byte> b) : b_(b) {}
+
+  [[nodiscard]] std::size_t left() const noexcept { return b_.size() - pos_; }
+  [[nodiscard]] bool ok() const noexcept { return error.empty(); }
+
+  std::uint32_t u32(std::string_view what) { return static_cast<std::uint32_t>(get_le(4, what)); }
+  std::uint64_t u64(std::string_view what) { return get_le(8, what); }
+  double f64(std::string_view what) { return std::bit_cast<double>(u64(what)); }
+
+  /// A count of items of `item_bytes` each that must fit in the bytes left.
+  std::size_t count(std::size_t item_bytes, std::string_view what) {
+    const std::uint64_t n = u64(what);
+    if (!ok()) return 0;
+    if (n > left() / item_bytes) {
+      fail(msg(what, " = ", n, " items of ", item_bytes, " bytes, but only ", left(), " bytes are left"));
+      return 0;
+    }
+    return static_cast<std::size_t>(n);
+  }
+  std::string str(std::string_view what) {
+    const std::size_t n = count(1, what);
+    if (!ok()) return {};
+    std::string s(reinterpret_cast<const char*>(b_.data() + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  std::vector<float> floats(std::string_view what) {
+    const std::size_t n = count(4, what);
+    if (!ok()) return {};
+    std::vector<float> v(n);
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(v.data(), b_.data() + pos_, n * 4);
+      pos_ += n * 4;
+    } else {
+      for (auto& x : v) x = std::bit_cast<float>(u32(what));
+    }
+    return v;
+  }
+  std::span<const std::byte> take(std::size_t n, std::string_view what) {
+    if (n > left()) {
+      fail(msg(what, " needs ", n, " bytes but only ", left(), " are left"));
+      return {};
+    }
+    auto s = b_.subspan(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  void fail(std::string reason) {
+    if (error.empty()) error = std::move(reason);
+  }
+
+  std::string error;
+
+ private:
+  std::uint64_t get_le(std::size_t n, std::string_view what) {
+    if (!ok()) return 0;
+    if (left() < n) {
+      fail(msg(what, " needs ", n, " bytes but only ", left(), " are left"));
+      return 0;
+    }
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < n; ++i) v |= std::to_integer<std::uint64_t>(b_[pos_ + i]) << (8 * i);
+    pos_ += n;
+    return v;
+  }
+
+  std::span<const std::byte> b_;
+  std::size_t pos_ = 0;
+};
+
+inline void write_section(ByteWriter& w, CheckpointSection tag, auto&& content) {
+  w.u32(static_cast<std::uint32_t>(tag));
+  w.u32(0);
+  const std::size_t length_at = w.size();
+  w.u64(0);
+  const std::size_t start = w.size();
+  content(w);
+  w.patch_u64(length_at, w.size() - start);
+}
+
+inline std::string parse_meta(ByteReader& r, SyncerSnapshot& s, std::uint64_t& fragment_count) {
+  s.fingerprint = r.u64("meta.fingerprint");
+  s.optimizer = r.str("meta.optimizer length");
+  fragment_count = r.u64("meta.fragment_count");
+  s.joins = r.u64("meta.joins");
+  s.leaves = r.u64("meta.leaves");
+  s.deaths = r.u64("meta.deaths");
+  s.bytes_in = r.u64("meta.bytes_in");
+  s.bytes_out = r.u64("meta.bytes_out");
+  const std::size_t reasons = r.count(8, "meta.reject_reason_count");
+  if (r.ok() && reasons > kRejectReasons)
+    return msg("meta: ", reasons, " reject reasons but this build knows ", kRejectReasons,
+               " (written by a newer version?)");
+  for (std::size_t i = 0; i < reasons && r.ok(); ++i) s.rejected[i] = r.u64("meta.rejected");
+  return r.error;
+}
+
+inline std::string parse_fragment(ByteReader& r, FragmentSnapshot& f, std::uint64_t& index) {
+  index = r.u64("fragment.index");
+  f.version = r.u64("fragment.version");
+  f.norm_ema = r.f64("fragment.norm_ema");
+  f.norm_samples = r.u64("fragment.norm_samples");
+  f.status.merges = r.u64("fragment.merges");
+  const std::uint64_t last_quorum = r.u64("fragment.last_quorum_size");
+  f.status.contributions_merged = r.u64("fragment.contributions_merged");
+  f.status.grace_waits = r.u64("fragment.grace_waits");
+  f.status.deadline_merges = r.u64("fragment.deadline_merges");
+  f.accepted = r.u64("fragment.accepted");
+  f.rejected_duplicate = r.u64("fragment.rejected_duplicate");
+  f.rejected_stale = r.u64("fragment.rejected_stale");
+  f.rejected_future = r.u64("fragment.rejected_future");
+  f.rejected_norm = r.u64("fragment.rejected_norm");
+  f.status.version = f.version;
+  const std::size_t nq = r.count(8, "fragment.quorum_sizes count");
+  f.quorum_sizes.reserve(nq);
+  for (std::size_t k = 0; k < nq && r.ok(); ++k) f.quorum_sizes.push_back(r.u64("fragment.quorum_sizes"));
+  const std::size_t ns = r.count(16, "fragment.last_sequence count");
+  for (std::size_t k = 0; k < ns && r.ok(); ++k) {
+    const std::uint64_t id = r.u64("fragment.last_sequence id");
+    const std::uint64_t seq = r.u64("fragment.last_sequence value");
+    if (!r.ok()) break;
+    if (id > 0xFFFFFFFFULL) return msg("fragment ", index, ": learner id ", id, " does not fit in 32 bits");
+    if (!f.last_sequence.emplace(static_cast<LearnerId>(id), seq).second)
+      return msg("fragment ", index, ": learner id ", id, " appears twice in last_sequence");
+  }
+  f.theta = r.floats("fragment.theta count");
+  f.state = r.floats("fragment.state count");
+  if (r.ok()) {
+    if (last_quorum > 0xFFFFFFFFULL) return msg("fragment ", index, ": last_quorum_size ", last_quorum, " is absurd");
+    f.status.last_quorum_size = static_cast<std::size_t>(last_quorum);
+  }
+  return r.error;
+}
+
+inline std::string parse_members(ByteReader& r, SyncerSnapshot& s) {
+  const std::size_t n = r.count(32, "members count");
+  s.learners.reserve(n);
+  for (std::size_t k = 0; k < n && r.ok(); ++k) {
+    const std::uint64_t id = r.u64("member.id");
+    LearnerSnapshot l;
+    l.incarnation = r.u64("member.incarnation");
+    l.first_sequence = r.u64("member.first_sequence");
+    l.join_nonce = r.u64("member.join_nonce");
+    if (!r.ok()) break;
+    if (id > 0xFFFFFFFFULL) return msg("members: learner id ", id, " does not fit in 32 bits");
+    l.id = static_cast<LearnerId>(id);
+    if (!s.learners.empty() && l.id <= s.learners.back().id)
+      return msg("members: learner id ", l.id, " follows ", s.learners.back().id, " (ids must be sorted, distinct)");
+    s.learners.push_back(l);
+  }
+  return r.error;
+}
+
+/// Parses a whole checkpoint file's bytes into `out`. Returns "" on success,
+/// else the reason the file is not a valid checkpoint.
+inline std::string parse_checkpoint(std::span<const std::byte> file, LoadedCheckpoint& out) {
+  if (file.size() < kCheckpointHeaderBytes + kCheckpointTrailerBytes)
+    return msg("short file: ", file.size(), " bytes, a checkpoint has at least ",
+               kCheckpointHeaderBytes + kCheckpointTrailerBytes);
+  if (!std::equal(kCheckpointMagic.begin(), kCheckpointMagic.end(), file.begin(),
+                  [](char a, std::byte b) { return static_cast<std::byte>(a) == b; }))
+    return "bad magic: not a ddiloco checkpoint";
+  ByteReader h(file.subspan(8, kCheckpointHeaderBytes - 8));
+  const std::uint32_t version = h.u32("format_version");
+  const std::uint32_t sections = h.u32("section_count");
+  const std::uint64_t serial = h.u64("serial");
+  const std::uint64_t body = h.u64("body_length");
+  if (version != kCheckpointFormatVersion)
+    return msg("format version ", version, ", this build reads version ", kCheckpointFormatVersion);
+  const std::size_t payload = file.size() - kCheckpointHeaderBytes - kCheckpointTrailerBytes;
+  if (body != payload)
+    return msg("length mismatch: header says the body has ", body, " bytes, the file holds ", payload,
+               " (truncated or appended to)");
+  ByteReader t(file.subspan(file.size() - kCheckpointTrailerBytes));
+  const std::uint64_t stored = t.u64("checksum");
+  const std::uint64_t computed = checkpoint_checksum(file.first(file.size() - kCheckpointTrailerBytes));
+  if (stored != computed) return msg("checksum mismatch: stored ", stored, ", computed ", computed);
+
+  out.serial = serial;
+  SyncerSnapshot& s = out.snapshot;
+  ByteReader r(file.subspan(kCheckpointHeaderBytes, payload));
+  bool have_meta = false, have_members = false;
+  std::uint64_t fragment_count = 0;
+  for (std::uint32_t k = 0; k < sections; ++k) {
+    const std::uint32_t tag = r.u32("section tag");
+    r.u32("section reserved");
+    const std::uint64_t length = r.u64("section length");
+    if (!r.ok()) return msg("section ", k, ": ", r.error);
+    if (length > r.left())
+      return msg("section ", k, ": length ", length, " exceeds the ", r.left(), " bytes left in the body");
+    ByteReader c(r.take(static_cast<std::size_t>(length), "section"));
+    std::string err;
+    switch (static_cast<CheckpointSection>(tag)) {
+      case CheckpointSection::meta:
+        if (have_meta) return "a second meta section";
+        if (k != 0) return "the meta section is not the first";
+        have_meta = true;
+        err = parse_meta(c, s, fragment_count);
+        break;
+      case CheckpointSection::fragment: {
+        if (!have_meta) return "a fragment section before the meta section";
+        FragmentSnapshot f;
+        std::uint64_t index = 0;
+        err = parse_fragment(c, f, index);
+        if (err.empty() && index != s.fragments.size())
+          err = msg("fragment section with index ", index, " where ", s.fragments.size(), " was expected");
+        if (err.empty() && s.fragments.size() >= fragment_count)
+          err = msg("more fragment sections than the ", fragment_count, " announced");
+        if (err.empty()) s.fragments.push_back(std::move(f));
+        break;
+      }
+      case CheckpointSection::members:
+        if (have_members) return "a second members section";
+        have_members = true;
+        err = parse_members(c, s);
+        break;
+      default: continue;  // unknown section: skipped
+    }
+    if (!err.empty()) return msg("section ", k, " (tag ", tag, "): ", err);
+    if (c.left() != 0)
+      return msg("section ", k, " (tag ", tag, "): ", c.left(), " bytes left over after its content");
+  }
+  if (r.left() != 0) return msg(r.left(), " bytes after the ", sections, " sections announced");
+  if (!have_meta) return "no meta section";
+  if (!have_members) return "no members section";
+  if (s.fragments.size() != fragment_count)
+    return msg(s.fragments.size(), " fragment sections but meta announces ", fragment_count);
+  return {};
+}
+
+/// Throws StateError naming the path and errno.
+[[noreturn]] inline void throw_io(std::string_view what, const std::filesystem::path& path, int err) {
+  throw StateError(msg("checkpoint: ", what, " '", path.string(), "' failed: ", std::generic_category().message(err),
+                       "; check that the checkpoint directory exists, is writable and has space"));
+}
+
+/// Closes a POSIX file descriptor on scope exit.
+struct FdGuard {
+  int fd = -1;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+inline void write_all_and_sync(const std::filesystem::path& path, std::span<const std::byte> bytes) {
+  FdGuard f{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  if (f.fd < 0) throw_io("creating", path, errno);
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ::ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_io("writing", path, errno);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(f.fd) != 0) throw_io("fsync of", path, errno);
+  const int fd = f.fd;
+  f.fd = -1;
+  if (::close(fd) != 0) throw_io("closing", path, errno);
+}
+
+inline void sync_directory(const std::filesystem::path& dir) {
+  FdGuard d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (d.fd < 0) throw_io("opening directory", dir, errno);
+  if (::fsync(d.fd) != 0) throw_io("fsync of directory", dir, errno);
+}
+
+/// Checkpoint files in `dir` as (serial, path), newest first.
+inline std::vector<std::pair<std::uint64_t, std::filesystem::path>> list_checkpoints(
+    const std::filesystem::path& dir) {
+  std::vector<std::pair<std::uint64_t, std::filesystem::path>> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    if (auto serial = checkpoint_serial(e.path().filename().string())) files.emplace_back(*serial, e.path());
+  }
+  std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return files;
+}
+
+}  // namespace detail
+
+/// The bytes of checkpoint `serial` holding `s` (format above).
+inline std::vector<std::byte> encode_checkpoint(const SyncerSnapshot& s, std::uint64_t serial) {
+  detail::ByteWriter w;
+  for (char c : kCheckpointMagic) w.bytes().push_back(static_cast<std::byte>(c));
+  w.u32(kCheckpointFormatVersion);
+  w.u32(static_cast<std::uint32_t>(2 + s.fragments.size()));
+  w.u64(serial);
+  w.u64(0);  // body length, patched below
+  using detail::CheckpointSection;
+  detail::write_section(w, CheckpointSection::meta, [&](detail::ByteWriter& o) {
+    o.u64(s.fingerprint);
+    o.str(s.optimizer);
+    o.u64(s.fragments.size());
+    for (auto v : {s.joins, s.leaves, s.deaths, s.bytes_in, s.bytes_out}) o.u64(v);
+    o.u64(s.rejected.size());
+    for (auto v : s.rejected) o.u64(v);
+  });
+  for (std::size_t p = 0; p < s.fragments.size(); ++p) {
+    const auto& f = s.fragments[p];
+    detail::write_section(w, CheckpointSection::fragment, [&](detail::ByteWriter& o) {
+      o.u64(p);
+      o.u64(f.version);
+      o.f64(f.norm_ema);
+      o.u64(f.norm_samples);
+      for (std::uint64_t v : {f.status.merges, static_cast<std::uint64_t>(f.status.last_quorum_size),
+                              f.status.contributions_merged, f.status.grace_waits, f.status.deadline_merges,
+                              f.accepted, f.rejected_duplicate, f.rejected_stale, f.rejected_future,
+                              f.rejected_norm})
+        o.u64(v);
+      o.u64(f.quorum_sizes.size());
+      for (auto v : f.quorum_sizes) o.u64(v);
+      o.u64(f.last_sequence.size());
+      for (const auto& [id, seq] : f.last_sequence) {
+        o.u64(id);
+        o.u64(seq);
+      }
+      o.floats(f.theta);
+      o.floats(f.state);
+    });
+  }
+  detail::write_section(w, CheckpointSection::members, [&](detail::ByteWriter& o) {
+    o.u64(s.learners.size());
+    for (const auto& l : s.learners)
+      for (auto v : {static_cast<std::uint64_t>(l.id), l.incarnation, l.first_sequence, l.join_nonce}) o.u64(v);
+  });
+  w.patch_u64(24, w.size() - detail::kCheckpointHeaderBytes);
+  w.u64(detail::checkpoint_checksum(w.bytes()));
+  return std::move(w.bytes());
+}
+
+/// Parses checkpoint bytes; throws ProtocolError with the reason if they are
+/// not a valid checkpoint.
+inline LoadedCheckpoint decode_checkpoint(std::span<const std::byte> bytes) {
+  LoadedCheckpoint c;
+  if (std::string err = detail::parse_checkpoint(bytes, c); !err.empty())
+    throw ProtocolError(detail::msg("checkpoint: ", err));
+  return c;
+}
+
+/// Writes checkpoint `serial` into `dir` (created if missing) atomically: the
+/// bytes go to a temporary file in `dir`, which is fsync'ed and renamed to
+/// checkpoint_file_name(serial), then `dir` is fsync'ed; a crash at any point
+/// leaves either the previous files or the complete new one. Then only the
+/// newest `options.keep` checkpoint files are kept (the one just written is
+/// never deleted) and temporary files left by earlier crashes are removed.
+/// Serials should grow from one call to the next (resume at loaded serial + 1).
+/// Returns the new file's path. Throws InvalidArgument if options.keep == 0,
+/// StateError if the file system refuses.
+inline std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const SyncerSnapshot& s,
+                                              std::uint64_t serial, CheckpointOptions options = {}) {
+  if (options.keep == 0)
+    throw InvalidArgument("write_checkpoint: CheckpointOptions::keep = 0 would delete every checkpoint; use >= 1 "
+                          "(default 3)");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) detail::throw_io("creating directory", dir, ec.value());
+  const std::string name = checkpoint_file_name(serial);
+  const std::filesystem::path final_path = dir / name;
+  const std::filesystem::path tmp_path = dir / ("." + name + ".tmp-" + std::to_string(::getpid()));
+  const std::vector<std::byte> bytes = encode_checkpoint(s, serial);
+  try {
+    detail::write_all_and_sync(tmp_path, bytes);
+  } catch (...) {
+    std::filesystem::remove(tmp_path, ec);
+    throw;
+  }
+  if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    std::filesystem::remove(tmp_path, ec);
+    detail::throw_io("renaming to", final_path, err);
+  }
+  detail::sync_directory(dir);
+
+  // Retention: the newest `keep` by serial, always including the new file.
+  std::size_t kept = 1;
+  for (const auto& [file_serial, path] : detail::list_checkpoints(dir)) {
+    (void)file_serial;
+    if (path.filename() == name) continue;
+    if (kept < options.keep) {
+      ++kept;
+      continue;
+    }
+    std::filesystem::remove(path, ec);
+  }
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.starts_with(".checkpoint-") && f.find(".ddck.tmp-") != std::string::npos) std::filesystem::remove(e.path(), ec);
+  }
+  return final_path;
+}
+
+/// Reads one checkpoint file. Throws ProtocolError naming the file and the
+/// reason if it is not a valid checkpoint, StateError if it cannot be read.
+inline LoadedCheckpoint read_checkpoint(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) detail::throw_io("opening", path, errno);
+  const std::streamoff size = in.tellg();
+  if (size < 0) detail::throw_io("sizing", path, errno);
+  std::vector<std::byte> bytes(static_cast<std::size_t>(size));
+  in.seekg(0);
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), size)) detail::throw_io("reading", path, errno);
+  LoadedCheckpoint c;
+  if (std::string err = detail::parse_checkpoint(bytes, c); !err.empty())
+    throw ProtocolError(detail::msg("checkpoint '", path.string(), "': ", err,
+                                    "; use an older checkpoint (load_newest_valid does this)"));
+  if (const auto named = checkpoint_serial(path.filename().string()); named && *named != c.serial)
+    throw ProtocolError(detail::msg("checkpoint '", path.string(), "': file name says serial ", *named,
+                                    " but the header says ", c.serial, " (renamed or copied over?)"));
+  c.path = path;
+  return c;
+}
+
+/// The newest checkpoint in `dir` that passes every check, or nullopt if there
+/// is none (or `dir` does not exist). Files are tried newest serial first; each
+/// one that is truncated, corrupted or inconsistent is appended to `skipped`
+/// with the reason, and the next older one is tried. Temporary files and other
+/// names are not checkpoints and are ignored.
+inline std::optional<LoadedCheckpoint> load_newest_valid(const std::filesystem::path& dir,
+                                                         std::vector<CheckpointProblem>& skipped) {
+  for (const auto& [serial, path] : detail::list_checkpoints(dir)) {
+    try {
+      return read_checkpoint(path);
+    } catch (const Error& e) {
+      skipped.push_back({path, e.what()});
+    }
+  }
+  return std::nullopt;
+}
+
+/// As above, discarding the list of skipped files.
+inline std::optional<LoadedCheckpoint> load_newest_valid(const std::filesystem::path& dir) {
+  std::vector<CheckpointProblem> skipped;
+  return load_newest_valid(dir, skipped);
+}
+
+}  // namespace ddiloco
