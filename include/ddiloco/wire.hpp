@@ -1,0 +1,369 @@
+// ddiloco/wire.hpp: the byte form of a `Message` (message.hpp) between processes.
+//
+// What it is: a versioned, checksummed, little-endian frame: a fixed 88-byte
+// header followed by the payload encoded with one of codec.hpp's codecs, the
+// encoder, and a decoder that checks every field before it uses it and reports
+// each failure as a typed, countable `WireError` instead of throwing.
+// What it is not: a transport (no sockets, no framing of a byte stream: one
+// frame is one transport message), nor a semantic check. Whether a fingerprint
+// matches the plan, a version is current or a sequence is fresh is the syncer's
+// business (syncer.hpp); the wire only guarantees that a decoded Message is
+// exactly what some encoder wrote.
+//
+// # Frame layout, protocol version 1 (all integers little-endian)
+//   offset size field
+//        0    4 magic              "DDLF" (0x44 0x44 0x4C 0x46)
+//        4    2 protocol version   1
+//        6    1 message type       MessageType (1..6)
+//        7    1 codec              Codec (0..4)
+//        8    8 fingerprint        Message::fingerprint
+//       16    4 learner            Message::learner
+//       20    4 fragment           Message::fragment
+//       24    8 version            Message::version (base version of a contribution)
+//       32    8 sequence           Message::sequence
+//       40    8 step               Message::step
+//       48    8 steps              Message::steps  (int64, two's complement, >= 0)
+//       56    8 tokens             Message::tokens (int64, two's complement, >= 0)
+//       64    8 element count n    payload elements (0 = no payload)
+//       72    8 payload bytes      must equal encoded_size(codec, n)
+//       80    4 payload CRC-32C    over the payload bytes (detail/checksum.hpp)
+//       84    4 header CRC-32C     over bytes [0, 84)
+//       88      payload
+// join, heartbeat and leave carry no payload (n = 0). A null payload and an
+// empty one are the same on the wire; both decode to a null `Message::payload`.
+//
+// # Decoding order (the first failed check is the error reported)
+//   too_short (fewer than 88 bytes) -> bad_magic -> bad_version ->
+//   header_checksum -> bad_type -> bad_codec -> bad_counters -> unexpected_payload
+//   -> too_large (n > DecodeLimits::max_elements) -> length_mismatch (payload
+//   bytes field != encoded_size(codec, n)) -> too_short (frame shorter than its
+//   header says) / length_mismatch (trailing bytes) -> payload_checksum ->
+//   bad_payload (decode_frame only: a scale or code no encoder writes).
+// The payload is allocated only after its length has been checked against the
+// limits and against the bytes actually received.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <ddiloco/codec.hpp>
+#include <ddiloco/detail/checksum.hpp>
+#include <ddiloco/error.hpp>
+#include <ddiloco/message.hpp>
+
+namespace ddiloco {
+
+inline constexpr std::uint16_t kWireProtocolVersion = 1;
+inline constexpr std::size_t kFrameHeaderSize = 88;
+inline constexpr std::array<std::byte, 4> kFrameMagic = {std::byte{0x44}, std::byte{0x44}, std::byte{0x4C},
+                                                         std::byte{0x46}};
+
+/// Why a frame was rejected. Stable numbering (used as counter indices).
+enum class WireError : std::uint8_t {
+  too_short = 0,       ///< shorter than the header, or than header + payload length
+  bad_magic,           ///< not a ddiloco frame
+  bad_version,         ///< another protocol version
+  header_checksum,     ///< header bytes corrupted
+  bad_type,            ///< message type outside 1..6
+  bad_codec,           ///< codec outside 0..4
+  bad_counters,        ///< negative steps or tokens
+  unexpected_payload,  ///< join / heartbeat / leave with elements
+  too_large,           ///< element count above DecodeLimits::max_elements
+  length_mismatch,     ///< payload length field inconsistent with codec and count, or trailing bytes
+  payload_checksum,    ///< payload bytes corrupted
+  bad_payload,         ///< checksum fine but not a valid encoding (bad scale or code)
+};
+
+inline constexpr std::size_t kWireErrorCount = static_cast<std::size_t>(WireError::bad_payload) + 1;
+
+constexpr std::string_view to_string(WireError e) noexcept {
+  switch (e) {
+    case WireError::too_short: return "too_short";
+    case WireError::bad_magic: return "bad_magic";
+    case WireError::bad_version: return "bad_version";
+    case WireError::header_checksum: return "header_checksum";
+    case WireError::bad_type: return "bad_type";
+    case WireError::bad_codec: return "bad_codec";
+    case WireError::bad_counters: return "bad_counters";
+    case WireError::unexpected_payload: return "unexpected_payload";
+    case WireError::too_large: return "too_large";
+    case WireError::length_mismatch: return "length_mismatch";
+    case WireError::payload_checksum: return "payload_checksum";
+    case WireError::bad_payload: return "bad_payload";
+  }
+  return "unknown";
+}
+
+struct DecodeLimits {
+  /// Largest payload accepted, in elements (default 2^28: 1 GiB of fp32).
+  std::uint64_t max_elements = std::uint64_t{1} << 28;
+};
+
+/// Every header field, as decoded (validated) or to be encoded.
+struct FrameHeader {
+  MessageType type = MessageType::heartbeat;
+  Codec codec = Codec::fp32;
+  std::uint64_t fingerprint = 0;
+  LearnerId learner = 0;
+  std::uint32_t fragment = 0;
+  std::uint64_t version = 0;
+  std::uint64_t sequence = 0;
+  std::uint64_t step = 0;
+  std::int64_t steps = 0;
+  std::int64_t tokens = 0;
+  std::uint64_t elements = 0;
+  std::uint64_t payload_bytes = 0;
+  std::uint32_t payload_crc = 0;
+};
+
+/// A validated frame whose payload is still encoded: `payload` points into the
+/// caller's buffer (checksum verified, contents not yet decoded).
+struct FrameView {
+  FrameHeader header;
+  std::span<const std::byte> payload;
+};
+
+/// Either a value or the WireError that prevented it.
+template <class T>
+class WireResult {
+ public:
+  WireResult(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+  WireResult(WireError e) : v_(std::in_place_index<1>, e) {}            // NOLINT: implicit by design
+
+  [[nodiscard]] bool ok() const noexcept { return v_.index() == 0; }
+  explicit operator bool() const noexcept { return ok(); }
+
+  [[nodiscard]] WireError error() const {
+    if (ok()) throw StateError("WireResult::error() on a successful decode; check ok() first");
+    return std::get<1>(v_);
+  }
+  [[nodiscard]] T& value() & { return checked(); }
+  [[nodiscard]] const T& value() const& { return const_cast<WireResult*>(this)->checked(); }
+  [[nodiscard]] T&& value() && { return std::move(checked()); }
+
+ private:
+  T& checked() {
+    if (!ok()) {
+      throw StateError(detail::msg("WireResult::value() on a rejected frame (", to_string(std::get<1>(v_)),
+                                   "); check ok() first"));
+    }
+    return std::get<0>(v_);
+  }
+  std::variant<T, WireError> v_;
+};
+
+using DecodeResult = WireResult<Message>;
+using FrameViewResult = WireResult<FrameView>;
+
+/// Frames accepted and rejected, by reason. Not thread-safe.
+struct WireCounters {
+  std::uint64_t accepted = 0;
+  std::array<std::uint64_t, kWireErrorCount> rejected_by{};
+
+  void record(WireError e) noexcept { ++rejected_by[static_cast<std::size_t>(e)]; }
+  template <class T>
+  void record(const WireResult<T>& r) noexcept {
+    if (r.ok()) {
+      ++accepted;
+    } else {
+      record(r.error());
+    }
+  }
+  [[nodiscard]] std::uint64_t operator[](WireError e) const noexcept {
+    return rejected_by[static_cast<std::size_t>(e)];
+  }
+  [[nodiscard]] std::uint64_t rejected() const noexcept {
+    std::uint64_t sum = 0;
+    for (auto c : rejected_by) sum += c;
+    return sum;
+  }
+};
+
+namespace detail {
+
+namespace frame_offset {
+inline constexpr std::size_t magic = 0, protocol = 4, type = 6, codec = 7, fingerprint = 8, learner = 16,
+                             fragment = 20, version = 24, sequence = 32, step = 40, steps = 48, tokens = 56,
+                             elements = 64, payload_bytes = 72, payload_crc = 80, header_crc = 84;
+}  // namespace frame_offset
+
+constexpr bool is_valid_message_type(std::uint8_t raw) noexcept { return raw >= 1 && raw <= 6; }
+
+constexpr bool carries_payload(MessageType t) noexcept {
+  return t == MessageType::full_state || t == MessageType::contribution || t == MessageType::global_fragment;
+}
+
+/// Writes the header (computing the header CRC) into out[0, 88).
+inline void write_frame_header(std::span<std::byte, kFrameHeaderSize> out, const FrameHeader& h) noexcept {
+  namespace o = frame_offset;
+  std::byte* p = out.data();
+  std::memcpy(p + o::magic, kFrameMagic.data(), kFrameMagic.size());
+  store_u16(p + o::protocol, kWireProtocolVersion);
+  p[o::type] = static_cast<std::byte>(h.type);
+  p[o::codec] = static_cast<std::byte>(h.codec);
+  store_u64(p + o::fingerprint, h.fingerprint);
+  store_u32(p + o::learner, h.learner);
+  store_u32(p + o::fragment, h.fragment);
+  store_u64(p + o::version, h.version);
+  store_u64(p + o::sequence, h.sequence);
+  store_u64(p + o::step, h.step);
+  store_u64(p + o::steps, std::bit_cast<std::uint64_t>(h.steps));
+  store_u64(p + o::tokens, std::bit_cast<std::uint64_t>(h.tokens));
+  store_u64(p + o::elements, h.elements);
+  store_u64(p + o::payload_bytes, h.payload_bytes);
+  store_u32(p + o::payload_crc, h.payload_crc);
+  store_u32(p + o::header_crc, crc32c(std::span<const std::byte>(p, o::header_crc)));
+}
+
+inline FrameHeader header_of(const Message& m, Codec codec, std::size_t elements) {
+  if (!is_valid_message_type(static_cast<std::uint8_t>(m.type))) {
+    throw InvalidArgument(msg("encode_frame: message type ", static_cast<int>(m.type),
+                              " is not a MessageType enumerator"));
+  }
+  if (!is_valid_codec(static_cast<std::uint8_t>(codec))) {
+    throw InvalidArgument(msg("encode_frame: codec ", static_cast<int>(codec), " is not a Codec enumerator"));
+  }
+  if (m.steps < 0 || m.tokens < 0) {
+    throw InvalidArgument(msg("encode_frame: steps = ", m.steps, ", tokens = ", m.tokens,
+                              "; counters must be >= 0"));
+  }
+  if (elements != 0 && !carries_payload(m.type)) {
+    throw InvalidArgument(msg("encode_frame: a ", to_string(m.type), " message carries no payload but has ",
+                              elements, " elements; drop the payload"));
+  }
+  FrameHeader h;
+  h.type = m.type;
+  h.codec = codec;
+  h.fingerprint = m.fingerprint;
+  h.learner = m.learner;
+  h.fragment = m.fragment;
+  h.version = m.version;
+  h.sequence = m.sequence;
+  h.step = m.step;
+  h.steps = m.steps;
+  h.tokens = m.tokens;
+  h.elements = elements;
+  h.payload_bytes = encoded_size(codec, elements);
+  return h;
+}
+
+}  // namespace detail
+
+/// Frame of `m` with its payload encoded by `codec`. Throws InvalidArgument for a
+/// message no decoder would accept (negative counters, payload on a control
+/// message, non-finite values under int8/int4).
+inline std::vector<std::byte> encode_frame(const Message& m, Codec codec) {
+  const std::size_t n = m.payload_size();
+  FrameHeader h = detail::header_of(m, codec, n);
+  std::vector<std::byte> out(kFrameHeaderSize + h.payload_bytes);
+  const std::span<std::byte> payload(out.data() + kFrameHeaderSize, h.payload_bytes);
+  if (n != 0) encode(codec, std::span<const float>(*m.payload), payload);
+  h.payload_crc = detail::crc32c(payload);
+  detail::write_frame_header(std::span<std::byte, kFrameHeaderSize>(out.data(), kFrameHeaderSize), h);
+  return out;
+}
+
+/// Frame of `m` (its own payload ignored) around an already encoded payload of
+/// `elements` elements, e.g. from ErrorFeedbackEncoder. Throws ShapeMismatch if
+/// `encoded.size() != encoded_size(codec, elements)`.
+inline std::vector<std::byte> encode_frame_with_payload(const Message& m, Codec codec, std::size_t elements,
+                                                        std::span<const std::byte> encoded) {
+  FrameHeader h = detail::header_of(m, codec, elements);
+  if (encoded.size() != h.payload_bytes) {
+    throw ShapeMismatch(detail::msg("encode_frame_with_payload: ", elements, " elements in ", to_string(codec),
+                                    " take ", h.payload_bytes, " bytes but ", encoded.size(),
+                                    " were given; encode them with encode(codec, ...)"));
+  }
+  std::vector<std::byte> out(kFrameHeaderSize + encoded.size());
+  if (!encoded.empty()) std::memcpy(out.data() + kFrameHeaderSize, encoded.data(), encoded.size());
+  h.payload_crc = detail::crc32c(encoded);
+  detail::write_frame_header(std::span<std::byte, kFrameHeaderSize>(out.data(), kFrameHeaderSize), h);
+  return out;
+}
+
+/// Validates every header field, the lengths and the payload checksum; does not
+/// decode the payload (its scales and codes are checked only by decode_frame).
+inline FrameViewResult decode_frame_view(std::span<const std::byte> frame, const DecodeLimits& limits = {}) noexcept {
+  namespace o = detail::frame_offset;
+  if (frame.size() < kFrameHeaderSize) return WireError::too_short;
+  const std::byte* p = frame.data();
+  if (std::memcmp(p + o::magic, kFrameMagic.data(), kFrameMagic.size()) != 0) return WireError::bad_magic;
+  if (detail::load_u16(p + o::protocol) != kWireProtocolVersion) return WireError::bad_version;
+  if (detail::crc32c(frame.first(o::header_crc)) != detail::load_u32(p + o::header_crc)) {
+    return WireError::header_checksum;
+  }
+  const auto type_raw = std::to_integer<std::uint8_t>(p[o::type]);
+  if (!detail::is_valid_message_type(type_raw)) return WireError::bad_type;
+  const auto codec_raw = std::to_integer<std::uint8_t>(p[o::codec]);
+  if (!is_valid_codec(codec_raw)) return WireError::bad_codec;
+
+  FrameHeader h;
+  h.type = static_cast<MessageType>(type_raw);
+  h.codec = static_cast<Codec>(codec_raw);
+  h.fingerprint = detail::load_u64(p + o::fingerprint);
+  h.learner = detail::load_u32(p + o::learner);
+  h.fragment = detail::load_u32(p + o::fragment);
+  h.version = detail::load_u64(p + o::version);
+  h.sequence = detail::load_u64(p + o::sequence);
+  h.step = detail::load_u64(p + o::step);
+  h.steps = std::bit_cast<std::int64_t>(detail::load_u64(p + o::steps));
+  h.tokens = std::bit_cast<std::int64_t>(detail::load_u64(p + o::tokens));
+  h.elements = detail::load_u64(p + o::elements);
+  h.payload_bytes = detail::load_u64(p + o::payload_bytes);
+  h.payload_crc = detail::load_u32(p + o::payload_crc);
+
+  if (h.steps < 0 || h.tokens < 0) return WireError::bad_counters;
+  if (h.elements != 0 && !detail::carries_payload(h.type)) return WireError::unexpected_payload;
+  if (h.elements > limits.max_elements || h.elements > detail::kMaxCodecElements) return WireError::too_large;
+  bool size_ok = true;
+  const std::uint64_t need = detail::encoded_size_unchecked(h.codec, h.elements, size_ok);
+  if (!size_ok || h.payload_bytes != need) return WireError::length_mismatch;
+  const std::uint64_t have = frame.size() - kFrameHeaderSize;
+  if (have < h.payload_bytes) return WireError::too_short;
+  if (have > h.payload_bytes) return WireError::length_mismatch;
+  const auto payload = frame.subspan(kFrameHeaderSize);
+  if (detail::crc32c(payload) != h.payload_crc) return WireError::payload_checksum;
+  return FrameView{h, payload};
+}
+
+/// Decodes a whole frame into a Message (payload decoded to fp32). Never throws
+/// on bad input; may throw std::bad_alloc for a payload within the limits.
+inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeLimits& limits = {}) {
+  auto view = decode_frame_view(frame, limits);
+  if (!view) return view.error();
+  const FrameHeader& h = view.value().header;
+  Message m;
+  m.type = h.type;
+  m.fingerprint = h.fingerprint;
+  m.learner = h.learner;
+  m.fragment = h.fragment;
+  m.version = h.version;
+  m.sequence = h.sequence;
+  m.steps = h.steps;
+  m.tokens = h.tokens;
+  m.step = h.step;
+  if (h.elements != 0) {
+    std::vector<float> values(static_cast<std::size_t>(h.elements));
+    if (!detail::try_decode(h.codec, view.value().payload, values)) return WireError::bad_payload;
+    m.payload = make_payload(std::move(values));
+  }
+  return m;
+}
+
+/// decode_frame, recording the outcome in `counters`.
+inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeLimits& limits,
+                                 WireCounters& counters) {
+  auto r = decode_frame(frame, limits);
+  counters.record(r);
+  return r;
+}
+
+}  // namespace ddiloco
