@@ -2,6 +2,8 @@
 // serialises: round trips, duplicate rejection after a restart, corruption and
 // truncation fall-back, retention, crash leftovers, foreign snapshots. Files go
 // to a unique directory under the system's temporary directory, removed after.
+// One test takes snapshots while two threads feed the syncer:
+// DDILOCO_TEST_LABEL(threaded)
 #include <ddiloco/checkpoint.hpp>
 
 #include <catch2/catch.hpp>
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace ddiloco;
@@ -354,8 +357,38 @@ TEST_CASE("Encoding then decoding a snapshot gives it back field for field", "[c
   CHECK(std::string_view(reinterpret_cast<const char*>(bytes.data()), 8) == "DDILOCKP");
 }
 
-TEST_CASE("A truncated newest checkpoint is reported and the previous good one is loaded, at every length",
-          "[checkpoint]") {
+namespace {
+// Lengths/offsets to exercise through the files: the header and trailer
+// boundaries plus every 23rd position (every position is covered in memory).
+std::vector<std::size_t> file_positions(std::size_t size) {
+  std::vector<std::size_t> v{0, 1, 7, 8, 15, 16, 23, 24, 31, 32, 39, 40, 47, 48, size - 9, size - 8, size - 1};
+  for (std::size_t i = 0; i < size; i += 23) v.push_back(i);
+  return v;
+}
+bool names_truncation(const std::string& reason) {
+  return reason.find("short file") != std::string::npos || reason.find("bad magic") != std::string::npos ||
+         reason.find("length mismatch") != std::string::npos;
+}
+}  // namespace
+
+TEST_CASE("A checkpoint cut short at any length is rejected with a reason", "[checkpoint]") {
+  Rig r;
+  AvgSyncer a(r.plan, r.init, r.clock, k_of(1));
+  for (LearnerId id : {1u, 2u}) r.join(a, id, 100 + id);
+  a.handle(r.contribution(1, 0, 0.25f, seq0 + 1, 0), r.out);
+  const auto full = encode_checkpoint(a.snapshot(), 3);
+  REQUIRE(full.size() > 100);
+  std::size_t rejected = 0;
+  for (std::size_t len = 0; len < full.size(); ++len) {
+    LoadedCheckpoint c;
+    const std::string reason = detail::parse_checkpoint(std::span(full).first(len), c);
+    if (names_truncation(reason)) ++rejected;
+    else FAIL_CHECK("length " << len << ": '" << reason << "'");
+  }
+  CHECK(rejected == full.size());
+}
+
+TEST_CASE("A truncated newest checkpoint file is reported and the previous good one is loaded", "[checkpoint]") {
   TempDir dir;
   Rig r;
   AvgSyncer a(r.plan, r.init, r.clock, k_of(1));
@@ -368,8 +401,7 @@ TEST_CASE("A truncated newest checkpoint is reported and the previous good one i
   const auto full = read_bytes(newest);
   REQUIRE(full.size() > 100);
 
-  std::size_t tried = 0;
-  for (std::size_t len = 0; len < full.size(); ++len) {
+  for (std::size_t len : file_positions(full.size())) {
     write_bytes(newest, std::span(full).first(len));
     std::vector<CheckpointProblem> problems;
     const auto loaded = load_newest_valid(dir.path, problems);
@@ -378,18 +410,37 @@ TEST_CASE("A truncated newest checkpoint is reported and the previous good one i
     CHECK(loaded->snapshot.fragments[0].version == 1);
     REQUIRE(problems.size() == 1);
     CHECK(problems[0].path == newest);
-    const bool named = problems[0].reason.find("short file") != std::string::npos ||
-                       problems[0].reason.find("bad magic") != std::string::npos ||
-                       problems[0].reason.find("length mismatch") != std::string::npos;
-    CHECK(named);
-    ++tried;
+    CHECK(names_truncation(problems[0].reason));
   }
-  CHECK(tried == full.size());
   write_bytes(newest, full);
   CHECK(load_newest_valid(dir.path).value().serial == 3);
 }
 
-TEST_CASE("Flipping any byte of the newest checkpoint makes the loader report it and fall back", "[checkpoint]") {
+TEST_CASE("Flipping any bit of a checkpoint makes it invalid with a reason", "[checkpoint]") {
+  Rig r;
+  AvgSyncer a(r.plan, r.init, r.clock, k_of(1));
+  for (LearnerId id : {1u, 2u}) r.join(a, id, 100 + id);
+  a.handle(r.contribution(2, 1, 0.5f, seq0 + 1, 0), r.out);
+  const auto full = encode_checkpoint(a.snapshot(), 5);
+  std::size_t rejected = 0, checksum = 0;
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      auto bad = full;
+      bad[i] ^= static_cast<std::byte>(1U << bit);
+      LoadedCheckpoint c;
+      const std::string reason = detail::parse_checkpoint(bad, c);
+      if (!reason.empty()) ++rejected;
+      else FAIL_CHECK("byte " << i << " bit " << bit << " accepted");
+      if (reason.find("checksum mismatch") != std::string::npos) ++checksum;
+    }
+  }
+  CHECK(rejected == 8 * full.size());
+  // Outside magic (8 bytes), format version (4) and body length (8), the checksum catches it.
+  CHECK(checksum == 8 * (full.size() - 20));
+}
+
+TEST_CASE("Flipping a byte of the newest checkpoint file makes the loader report it and fall back",
+          "[checkpoint]") {
   TempDir dir;
   Rig r;
   AvgSyncer a(r.plan, r.init, r.clock, k_of(1));
@@ -398,19 +449,17 @@ TEST_CASE("Flipping any byte of the newest checkpoint makes the loader report it
   a.handle(r.contribution(2, 1, 0.5f, seq0 + 1, 0), r.out);
   const fs::path newest = write_checkpoint(dir.path, a.snapshot(), 5);
   const auto full = read_bytes(newest);
-  for (std::size_t i = 0; i < full.size(); ++i) {
-    for (std::uint8_t mask : {std::uint8_t{0x01}, std::uint8_t{0x80}}) {
-      auto bad = full;
-      bad[i] ^= static_cast<std::byte>(mask);
-      write_bytes(newest, bad);
-      std::vector<CheckpointProblem> problems;
-      const auto loaded = load_newest_valid(dir.path, problems);
-      REQUIRE(loaded.has_value());
-      CHECK(loaded->serial == 4);
-      REQUIRE(problems.size() == 1);
-      CHECK(problems[0].path == newest);
-      CHECK_FALSE(problems[0].reason.empty());
-    }
+  for (std::size_t i : file_positions(full.size())) {
+    auto bad = full;
+    bad[i] ^= std::byte{0x10};
+    write_bytes(newest, bad);
+    std::vector<CheckpointProblem> problems;
+    const auto loaded = load_newest_valid(dir.path, problems);
+    REQUIRE(loaded.has_value());
+    CHECK(loaded->serial == 4);
+    REQUIRE(problems.size() == 1);
+    CHECK(problems[0].path == newest);
+    CHECK_FALSE(problems[0].reason.empty());
   }
 }
 
@@ -535,4 +584,49 @@ TEST_CASE("Checkpoint file names sort like their serials and other names are not
   CHECK_FALSE(checkpoint_serial("checkpoint-.ddck").has_value());
   CHECK_FALSE(checkpoint_serial("checkpoint-12a.ddck").has_value());
   CHECK_FALSE(checkpoint_serial("checkpoint-99999999999999999999.ddck").has_value());  // > 2^64 - 1
+}
+
+TEST_CASE("Snapshots taken while two threads feed contributions are consistent and never deadlock",
+          "[checkpoint][threaded]") {
+  Rig r;
+  // K = 1, AverageOnly, every contribution 0.125: after v merges Theta = 1 - v / 8
+  // exactly (multiples of 1/8 are exact in fp32 down to -1000).
+  AvgSyncer s(r.plan, r.init, r.clock, k_of(1));
+  for (LearnerId id : {1u, 2u}) r.join(s, id, 100 + id);
+  constexpr int kPerThread = 2000;
+  std::atomic<int> finished{0};
+  auto feed = [&](LearnerId id) {
+    Outbox out;
+    for (int i = 0; i < kPerThread; ++i) {
+      const std::size_t p = static_cast<std::size_t>(i) % 2;
+      const auto version = s.fragment(p).second;
+      s.handle(r.contribution(id, p, 0.125f, seq0 + 1 + static_cast<std::uint64_t>(i), version), out);
+      out.clear();
+    }
+    ++finished;
+  };
+  std::thread t1(feed, 1), t2(feed, 2);
+  std::size_t snapshots = 0;
+  bool consistent = true;
+  while (finished.load() < 2) {
+    const SyncerSnapshot snap = s.snapshot();
+    ++snapshots;
+    for (const auto& f : snap.fragments) {
+      std::uint64_t merges = 0;
+      for (auto q : f.quorum_sizes) merges += q;
+      const float expected = 1.0f - static_cast<float>(f.version) * 0.125f;
+      consistent = consistent && merges == f.version && f.status.merges == f.version &&
+                   std::all_of(f.theta.begin(), f.theta.end(), [&](float x) { return x == expected; });
+    }
+  }
+  t1.join();
+  t2.join();
+  CHECK(consistent);
+  CHECK(snapshots >= 1);
+  const SyncerSnapshot last = s.snapshot();
+  CHECK(last.fragments[0].version + last.fragments[1].version == s.merges_total());
+  // Every contribution is accepted (and merged at once, K = 1) or answered as stale.
+  CHECK(last.fragments[0].accepted + last.fragments[1].accepted + last.fragments[0].rejected_stale +
+            last.fragments[1].rejected_stale ==
+        2 * kPerThread);
 }
