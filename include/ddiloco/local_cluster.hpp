@@ -290,6 +290,7 @@ class LocalCluster {
       for (const auto& s : slots) {
         const auto [join_at, leave_at] = presence(s);
         if (s.state == State::running) consider(std::min(s.next, leave_at.value_or(s.next)));
+        if (s.state == State::waiting) consider(s.outer->next_heartbeat());  // a waiting learner stays alive
         if (s.state == State::dead) consider(s.restart_at);
         if (s.state == State::absent && (!leave_at || join_at < *leave_at) && join_at > now) consider(join_at);
       }

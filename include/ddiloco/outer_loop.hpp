@@ -181,13 +181,22 @@ class OuterLoop {
   /// Drains the transport and applies every global that is due, without
   /// stepping. A single-threaded driver calls this while a lock-step learner
   /// is waiting (see waiting_for_sync()).
+  /// Also sends a heartbeat when one is due: a lock-step learner waiting for a
+  /// slow round is alive, and must not be declared dead by the syncer (which
+  /// would stop sending it the very global it waits for).
   std::size_t poll(std::span<T> params) {
     if (!joined_) return 0;
     check_params(params, {});
     drain();
     StepReport ignored;
-    return apply_due(params, ignored, /*may_block=*/false);
+    const std::size_t applied = apply_due(params, ignored, /*may_block=*/false);
+    maybe_heartbeat();
+    return applied;
   }
+
+  /// When the next heartbeat is due (a single-threaded driver wakes a waiting
+  /// learner then, so that it calls poll()).
+  [[nodiscard]] TimePoint next_heartbeat() const noexcept { return last_send_ + config_.heartbeat_interval; }
 
   /// Lock-step mode only: true when the next step() would have to wait for a
   /// global fragment (a driver in virtual time uses this instead of blocking).
@@ -365,12 +374,16 @@ class OuterLoop {
     const TimePoint deadline = transport_->clock().now() + config_.lock_step_timeout;
     while (!frags_[p].has_newer()) {
       check_transport();
-      auto m = transport_->receive_until(deadline);
+      maybe_heartbeat();  // waiting is not dying (see poll())
+      const TimePoint until = std::min(deadline, next_heartbeat());
+      auto m = transport_->receive_until(until);
       if (m) {
         on_message(std::move(*m));
       } else if (transport_->clock().now() >= deadline) {
         ++status_.lock_step_timeouts;
         return;
+      } else if (transport_->clock().now() >= until) {
+        continue;  // a heartbeat is due: the loop sends it and waits on
       } else {
         return;  // a virtual clock does not block: the driver advances time
       }
