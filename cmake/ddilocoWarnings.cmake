@@ -14,3 +14,9 @@ endfunction()
 # Optional third-party integrations, found once for all our own targets.
 find_package(Eigen3 3.3 CONFIG QUIET)
 find_package(xtensor CONFIG QUIET)
+
+# ZeroMQ (libzmq3-dev) for the network transport, found through pkg-config.
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(DDILOCO_ZMQ QUIET IMPORTED_TARGET libzmq)
+endif()

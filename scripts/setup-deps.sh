@@ -3,7 +3,7 @@
 # Uses apt-get when it can (root, or passwordless sudo); otherwise prints the
 # exact command to run and exits non-zero.
 set -euo pipefail
-packages=(cmake ninja-build g++ clang libclang-rt-14-dev libeigen3-dev xtensor-dev catch2
+packages=(cmake ninja-build pkgconf g++ clang libclang-rt-14-dev libeigen3-dev xtensor-dev catch2
           libbenchmark-dev libzmq3-dev cppzmq-dev fortunes python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do

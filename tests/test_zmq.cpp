@@ -1,0 +1,240 @@
+// Tests for ddiloco/transport/zmq.hpp: the protocol over real ZeroMQ sockets on
+// loopback, with CURVE authentication, an allow-list, garbage and impersonation.
+// Waits are on events with a bounded deadline as a failure guard, never sleeps.
+// DDILOCO_TEST_LABEL(threaded)
+#include <ddiloco/transport/zmq.hpp>
+
+#include <ddiloco/outer_loop.hpp>
+#include <ddiloco/syncer.hpp>
+#include <ddiloco/syncer_runtime.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <functional>
+#include <thread>
+
+using namespace ddiloco;
+using namespace std::chrono_literals;
+
+static_assert(LearnerTransport<ZmqLearnerTransport>);
+static_assert(SyncerTransport<ZmqSyncerTransport>);
+
+namespace {
+
+const SteadyClock steady;
+
+Message join_message(LearnerId id, std::uint64_t fingerprint = 7) {
+  Message m;
+  m.type = MessageType::join;
+  m.fingerprint = fingerprint;
+  m.learner = id;
+  m.sequence = 1;
+  return m;
+}
+
+/// Polls `done` until it holds or `limit` passes (a failure guard, not a sleep).
+bool eventually(const std::function<bool()>& done, Duration limit = 10s) {
+  const auto deadline = steady.now() + limit;
+  while (steady.now() < deadline) {
+    if (done()) return true;
+    std::this_thread::yield();
+  }
+  return done();
+}
+
+ZmqSyncerConfig plain_syncer() {
+  ZmqSyncerConfig c;
+  c.bind = "tcp://127.0.0.1:*";
+  c.security = ZmqSecurity::plaintext();
+  return c;
+}
+
+ZmqLearnerConfig plain_learner(const std::string& endpoint, LearnerId id) {
+  ZmqLearnerConfig c;
+  c.connect = endpoint;
+  c.id = id;
+  c.security = ZmqSecurity::plaintext();
+  c.immediate = false;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("A learner's message reaches the syncer over loopback and the syncer's reply reaches the learner", "[zmq]") {
+  ZmqSyncerTransport syncer(plain_syncer(), steady);
+  ZmqLearnerTransport learner(plain_learner(syncer.endpoint(), 3), steady);
+  REQUIRE(learner.send(join_message(3)));
+  auto got = syncer.receive_until(steady.now() + 10s);
+  REQUIRE(got.has_value());
+  CHECK(got->type == MessageType::join);
+  CHECK(got->learner == 3);
+  Message reply;
+  reply.type = MessageType::full_state;
+  reply.fingerprint = 7;
+  reply.learner = 3;
+  reply.fragment = 1;
+  reply.version = 4;
+  reply.payload = make_payload({1.0f, -2.0f, 3.5f});
+  REQUIRE(syncer.send_to(3, std::move(reply)));
+  auto back = learner.receive_until(steady.now() + 10s);
+  REQUIRE(back.has_value());
+  CHECK(back->type == MessageType::full_state);
+  CHECK(back->version == 4);
+  CHECK(*back->payload == std::vector<float>{1.0f, -2.0f, 3.5f});
+}
+
+TEST_CASE("Contributions are sent with the configured codec and decoded into fp32 by the syncer", "[zmq]") {
+  ZmqSyncerTransport syncer(plain_syncer(), steady);
+  auto cfg = plain_learner(syncer.endpoint(), 1);
+  cfg.codec = Codec::int8;
+  ZmqLearnerTransport learner(cfg, steady);
+  std::vector<float> v(1000);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<float>(i));
+  Message m;
+  m.type = MessageType::contribution;
+  m.fingerprint = 7;
+  m.learner = 1;
+  m.steps = 3;
+  m.tokens = 30;
+  m.sequence = 5;
+  m.payload = make_payload(v);
+  REQUIRE(learner.send(std::move(m)));
+  auto got = syncer.receive_until(steady.now() + 10s);
+  REQUIRE(got.has_value());
+  REQUIRE(got->payload_size() == v.size());
+  double max_err = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) max_err = std::max(max_err, std::abs(double((*got->payload)[i]) - v[i]));
+  CHECK(max_err <= 1.0 / 127.0 / 2.0 + 1e-6);  // int8 with absmax scale ~1/127: error <= scale / 2
+  CHECK(max_err > 0.0);
+  CHECK(learner.counters().bytes_out < v.size() * 2);  // about 1 byte per element
+}
+
+TEST_CASE("With CURVE a listed learner is served, an unlisted key is refused and a listed key cannot speak for another id",
+          "[zmq]") {
+  const CurveKeys server = generate_curve_keys(), good = generate_curve_keys(), other = generate_curve_keys(),
+                  stranger = generate_curve_keys();
+  ZmqSyncerConfig sc;
+  sc.bind = "tcp://127.0.0.1:*";
+  sc.security.own = server;
+  sc.security.allowed = {{1, good.public_key}, {2, other.public_key}};
+  ZmqSyncerTransport syncer(sc, steady);
+  auto learner_cfg = [&](LearnerId id, const CurveKeys& keys) {
+    ZmqLearnerConfig c;
+    c.connect = syncer.endpoint();
+    c.id = id;
+    c.security.own = keys;
+    c.security.server_public_key = server.public_key;
+    c.immediate = false;
+    return c;
+  };
+  ZmqLearnerTransport honest(learner_cfg(1, good), steady);
+  REQUIRE(honest.send(join_message(1)));
+  auto got = syncer.receive_until(steady.now() + 10s);
+  REQUIRE(got.has_value());
+  CHECK(got->learner == 1);
+
+  ZmqLearnerTransport intruder(learner_cfg(9, stranger), steady);
+  intruder.send(join_message(9));
+  REQUIRE(eventually([&] { return syncer.counters().auth_denied > 0; }));
+
+  // Learner 2's key, but messages that claim to be learner 1.
+  ZmqLearnerTransport spoof(learner_cfg(1, other), steady);
+  spoof.send(join_message(1));
+  REQUIRE(eventually([&] { return syncer.counters().impersonations > 0; }));
+
+  // The honest learner is still served, and nothing from the others got through.
+  REQUIRE(honest.send(join_message(1)));
+  auto again = syncer.receive_until(steady.now() + 10s);
+  REQUIRE(again.has_value());
+  CHECK(again->learner == 1);
+  CHECK_FALSE(syncer.try_receive().has_value());
+}
+
+TEST_CASE("Garbage, truncated frames and huge length fields are counted and dropped while honest learners are served",
+          "[zmq]") {
+  ZmqSyncerTransport syncer(plain_syncer(), steady);
+  // A raw socket that speaks for learner 4 but sends junk.
+  void* ctx = zmq_ctx_new();
+  void* raw = zmq_socket(ctx, ZMQ_DEALER);
+  int zero = 0;
+  zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof zero);
+  REQUIRE(zmq_connect(raw, syncer.endpoint().c_str()) == 0);
+  const std::string garbage = "definitely not a ddiloco frame";
+  zmq_send(raw, garbage.data(), garbage.size(), 0);
+  auto frame = encode_frame(join_message(4), Codec::fp32);
+  zmq_send(raw, frame.data(), frame.size() / 2, 0);  // truncated
+  Message big;
+  big.type = MessageType::contribution;
+  big.fingerprint = 7;
+  big.learner = 4;
+  big.steps = 1;
+  big.payload = make_payload(std::vector<float>(16, 1.0f));
+  auto huge = encode_frame(big, Codec::fp32);
+  for (std::size_t i = 0; i < 8; ++i) huge[64 + i] = std::byte{0xff};  // element count field: 2^64 - 1
+  zmq_send(raw, huge.data(), huge.size(), 0);
+  REQUIRE(eventually([&] { return syncer.counters().decode_errors >= 3; }));
+  ZmqLearnerTransport honest(plain_learner(syncer.endpoint(), 5), steady);
+  REQUIRE(honest.send(join_message(5)));
+  auto got = syncer.receive_until(steady.now() + 10s);
+  REQUIRE(got.has_value());
+  CHECK(got->learner == 5);
+  zmq_close(raw);
+  zmq_ctx_term(ctx);
+}
+
+TEST_CASE("Two learner threads train through a syncer runtime over ZeroMQ", "[zmq]") {
+  const Plan plan = make_plan({{"w", 64, false}, {"e", 16, true}}, 2);
+  std::vector<float> init(80, 0.0f);
+  ZmqSyncerTransport link(plain_syncer(), steady);
+  SyncerConfig sc;
+  sc.quorum.min_quorum = 1;
+  sc.quorum.cap = 1ms;
+  // Plain SGD: with K = 1 and learners out of phase each merge holds one
+  // learner's progress (see test_local_cluster.cpp); lr 0.5 keeps it stable.
+  Syncer<RadialDirectional, PlainSGD> syncer(plan, init, steady, sc, RadialDirectional(), PlainSGD(0.5f));
+  SyncerRuntime runtime(syncer, link);
+  runtime.start();
+  auto learner = [&](LearnerId id) {
+    auto cfg = plain_learner(link.endpoint(), id);
+    cfg.codec = Codec::int4;
+    cfg.error_feedback = true;
+    ZmqLearnerTransport t(cfg, steady);
+    OuterLoopConfig oc;
+    oc.id = id;
+    oc.sync_every = 4;
+    oc.overlap = 1;
+    // These "inner steps" take nanoseconds, far less than a network round
+    // trip; lock-step makes each learner wait for its result, as a real
+    // (slower) trainer would have it in time.
+    oc.lock_step = true;
+    oc.lock_step_timeout = 10s;
+    OuterLoop<ZmqLearnerTransport, std::vector<float>> outer(plan, t, oc);
+    std::vector<std::vector<float>> params{std::vector<float>(64), std::vector<float>(16)};
+    outer.join(params);
+    for (int s = 0; s < 200; ++s) {
+      for (auto& tensor : params)
+        for (auto& x : tensor) x += 0.1f * (1.0f - x);  // pull every element towards 1
+      outer.step(params, 10);
+    }
+    outer.leave();
+    return outer.status();
+  };
+  OuterLoopStatus a, b;
+  std::thread ta([&] { a = learner(1); });
+  std::thread tb([&] { b = learner(2); });
+  ta.join();
+  tb.join();
+  REQUIRE(eventually([&] { return syncer.status().contributions_accepted >= 50; }));
+  runtime.stop();
+  INFO(syncer.status().line());
+  CHECK(a.sends == 100);
+  CHECK(b.sends == 100);
+  CHECK(a.applies >= 100);  // join (2 fragments) + one per send
+  CHECK(a.lock_step_timeouts == 0);
+  const auto global = syncer.global_parameters();
+  double mean = 0;
+  for (float x : global) mean += x;
+  mean /= static_cast<double>(global.size());
+  CHECK(mean > 0.5);  // moved from 0 most of the way to 1
+  CHECK(syncer.status().rejected_total() == 0);
+}
