@@ -64,6 +64,7 @@ SyncerConfig k_of(std::size_t k, bool grace = false) {
   c.quorum.grace = grace;
   c.quorum.deadline = 10s;
   c.heartbeat_timeout = 5s;
+  c.participation_scaling = false;  // exact merge arithmetic; the scaling has its own test
   return c;
 }
 
@@ -182,6 +183,24 @@ TEST_CASE("The grace window delays the merge after the quorum and gathers a late
   CHECK(s.fragment(p).second == 3);
   CHECK(s.status().fragments[p].last_quorum_size == 2);
   CHECK(s.status().fragments[p].grace_waits >= 1);
+}
+
+TEST_CASE("Participation scaling applies k / alive of the merged outer gradient, all of it when everyone is in",
+          "[syncer]") {
+  Rig r;
+  SyncerConfig c = k_of(1);
+  c.participation_scaling = true;
+  Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, c);
+  for (LearnerId id : {1u, 2u, 3u, 4u}) r.join(s, id);
+  const auto p = r.fragment_of_w();
+  s.handle(r.contribution(1, p, 0.4f, Rig::seq0() + 1), r.out);  // 1 of 4 alive: a quarter of 0.4
+  for (float x : s.fragment(p).first) CHECK(x == Approx(1.0f - 0.1f));
+  SyncerConfig all = k_of(4);
+  all.participation_scaling = true;
+  Syncer<WeightedAverage, AverageOnly> t(r.plan, r.init, r.clock, all);
+  for (LearnerId id : {1u, 2u, 3u, 4u}) r.join(t, id);
+  for (LearnerId id : {1u, 2u, 3u, 4u}) t.handle(r.contribution(id, p, 0.4f, Rig::seq0() + 1), r.out);
+  for (float x : t.fragment(p).first) CHECK(x == Approx(1.0f - 0.4f));  // 4 of 4: unscaled
 }
 
 TEST_CASE("A duplicate or replayed contribution is merged at most once", "[syncer]") {

@@ -1,0 +1,231 @@
+// ddiloco_syncer: the Decoupled DiLoCo syncer as a program, over ZeroMQ.
+//
+// Binds a socket, serves any number of learners, merges with the quorum/grace
+// policy, checkpoints its whole state atomically on an interval and on
+// SIGTERM/SIGINT, resumes from the newest valid checkpoint, and prints a status
+// line periodically. `--help` lists every flag with its default.
+#include <ddiloco/checkpoint.hpp>
+#include <ddiloco/fragmenter.hpp>
+#include <ddiloco/reference/char_lm.hpp>
+#include <ddiloco/syncer.hpp>
+#include <ddiloco/syncer_runtime.hpp>
+#include <ddiloco/tensor_list.hpp>
+#include <ddiloco/transport/zmq.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/cli.hpp"
+
+using namespace ddiloco;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int> g_signal{0};
+extern "C" void on_signal(int sig) { g_signal.store(sig); }
+
+Codec parse_codec(const std::string& s) {
+  for (Codec c : all_codecs)
+    if (to_string(c) == s) return c;
+  throw InvalidArgument("--codec '" + s + "': expected fp32, bf16, fp16, int8 or int4");
+}
+
+std::vector<float> read_init(const std::string& path, std::size_t n) {
+  std::vector<float> v(n, 0.0f);
+  if (path.empty()) return v;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidArgument("--init: cannot read '" + path + "'");
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(float)));
+  if (in.gcount() != static_cast<std::streamsize>(n * sizeof(float)) || in.peek() != EOF)
+    throw ShapeMismatch(detail::msg("--init '", path, "' must hold exactly ", n, " little-endian fp32 values (",
+                                    n * 4, " bytes) in plan order"));
+  return v;
+}
+
+void write_status_file(const std::string& path, const SyncerStatus& s, const ZmqCounters& z) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "learners_alive=" << s.learners_alive << "\nlearners_known=" << s.learners_known << "\njoins=" << s.joins
+        << "\nmerges=" << s.merges << "\naccepted=" << s.contributions_accepted << "\nrejected=" << s.rejected_total()
+        << "\n";
+    for (std::size_t i = 0; i < kRejectReasons; ++i)
+      out << "rejected_" << to_string(static_cast<RejectReason>(i)) << "=" << s.rejected[i] << "\n";
+    out << "decode_errors=" << z.decode_errors << "\nauth_denied=" << z.auth_denied
+        << "\nimpersonations=" << z.impersonations << "\nbytes_in=" << z.bytes_in << "\nbytes_out=" << z.bytes_out
+        << "\n";
+  }
+  fs::rename(tmp, path);
+}
+
+template <class Rule, class Opt>
+int serve(const cli::Flags& f, Plan plan, std::vector<float> init, Rule rule, Opt opt) {
+  SteadyClock clock;
+  SyncerConfig sc;
+  sc.quorum.min_quorum = f.count("quorum");
+  sc.quorum.overlap = f.count("overlap");
+  sc.quorum.gamma = f.num("grace-gamma");
+  sc.quorum.cap = std::chrono::milliseconds(f.integer("grace-cap-ms"));
+  sc.quorum.grace = f.num("grace-gamma") > 0;
+  sc.quorum.deadline = std::chrono::milliseconds(f.integer("deadline-ms"));
+  sc.max_staleness = f.count("max-staleness");
+  sc.heartbeat_timeout = std::chrono::milliseconds(f.integer("heartbeat-timeout-ms"));
+  Syncer<Rule, Opt> syncer(plan, init, clock, sc, rule, opt);
+
+  const std::string ckdir = f.str("checkpoint-dir");
+  std::uint64_t serial = 0;
+  if (!ckdir.empty()) {
+    fs::create_directories(ckdir);
+    std::vector<CheckpointProblem> skipped;
+    auto loaded = load_newest_valid(ckdir, skipped);
+    for (const auto& p : skipped)
+      std::printf("syncer: skipped damaged checkpoint %s: %s\n", p.path.string().c_str(), p.reason.c_str());
+    if (loaded) {
+      syncer.restore(loaded->snapshot);
+      serial = loaded->serial;
+      std::printf("syncer: resumed from %s (serial %llu)\n", loaded->path.string().c_str(),
+                  static_cast<unsigned long long>(serial));
+    } else {
+      std::printf("syncer: no valid checkpoint in %s, starting fresh\n", ckdir.c_str());
+    }
+  }
+
+  ZmqSyncerConfig zc;
+  zc.bind = f.str("bind");
+  zc.global_codec = parse_codec(f.str("global-codec"));
+  if (f.flag("plaintext")) {
+    zc.security = ZmqSecurity::plaintext();
+    std::printf("syncer: WARNING: running without encryption or authentication (--plaintext)\n");
+  } else {
+    if (f.str("keys").empty() || f.str("allow").empty())
+      throw InvalidArgument("CURVE security needs --keys (syncer key file) and --allow (learner allow-list); "
+                            "pass --plaintext to run unencrypted on a trusted network");
+    zc.security.own = read_key_file(f.str("keys"));
+    zc.security.allowed = read_allow_list(f.str("allow"));
+  }
+  ZmqSyncerTransport link(zc, clock);
+  std::printf("syncer: serving %zu tensors in %zu fragments (fingerprint %016llx) on %s, K = %zu\n", plan.num_tensors(),
+              plan.num_fragments(), static_cast<unsigned long long>(plan.fingerprint()), link.endpoint().c_str(),
+              sc.quorum.min_quorum);
+  if (!f.str("endpoint-file").empty()) {
+    std::ofstream(f.str("endpoint-file") + ".tmp") << link.endpoint() << "\n";
+    fs::rename(f.str("endpoint-file") + ".tmp", f.str("endpoint-file"));
+  }
+  std::fflush(stdout);
+
+  SyncerRuntimeConfig rc;
+  rc.workers = f.count("workers");
+  rc.status_every = std::chrono::milliseconds(f.integer("status-every-ms"));
+  rc.on_status = [&](const SyncerStatus& s) {
+    const auto z = link.counters();
+    std::printf("status: %s decode-errors %llu auth-denied %llu\n", s.line().c_str(),
+                static_cast<unsigned long long>(z.decode_errors), static_cast<unsigned long long>(z.auth_denied));
+    std::fflush(stdout);
+    write_status_file(f.str("status-file"), s, z);
+  };
+  SyncerRuntime runtime(syncer, link, rc);
+  runtime.start();
+
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  const auto every = std::chrono::milliseconds(f.integer("checkpoint-every-ms"));
+  auto checkpoint = [&] {
+    if (ckdir.empty()) return;
+    const auto path = write_checkpoint(ckdir, syncer.snapshot(), ++serial);
+    std::printf("syncer: checkpoint %s\n", path.string().c_str());
+    std::fflush(stdout);
+  };
+  auto next = std::chrono::steady_clock::now() + every;
+  while (g_signal.load() == 0) {
+    // The loop wakes every 50 ms to notice a signal; checkpoints follow the interval.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (std::chrono::steady_clock::now() >= next) {
+      checkpoint();
+      next = std::chrono::steady_clock::now() + every;
+    }
+  }
+  std::printf("syncer: signal %d: stopping\n", g_signal.load());
+  runtime.stop();
+  checkpoint();
+  rc.on_status(syncer.status());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  cli::Flags f("ddiloco_syncer", "the Decoupled DiLoCo syncer over ZeroMQ");
+  f.add("config", "", "file of `name = value` lines with any of these flags");
+  f.add("bind", "tcp://127.0.0.1:5555", "ZeroMQ endpoint to bind (tcp://0.0.0.0:PORT to serve other hosts)");
+  f.add("endpoint-file", "", "write the bound endpoint here (useful with port *)");
+  f.add("tensors", "", "the model's tensor list (name numel [embedding] per line); or use --reference-model");
+  f.add("reference-model", "false", "serve the reference character LM (tensors and seeded initial values)", true);
+  f.add("seed", "1", "initial-value seed of the reference model");
+  f.add("init", "", "initial parameters: raw little-endian fp32 in plan order (default: zeros)");
+  f.add("fragments", "5", "P: number of fragments (whole tensors each; <= number of tensors)");
+  f.add("sync-every", "24", "H: inner steps between two syncs of a fragment (learners must use the same)");
+  f.add("overlap", "2", "tau: steps between a send and the application of its result");
+  f.add("quorum", "1", "K: minimum distinct contributions before a merge");
+  f.add("grace-gamma", "0.3", "gamma: safety factor of the adaptive grace window (0 disables the window)");
+  f.add("grace-cap-ms", "1000", "cap of the grace window, milliseconds (about one inner step)");
+  f.add("deadline-ms", "60000", "hard bound of a round, milliseconds");
+  f.add("max-staleness", "8", "versions a contribution's base may lag before it is rejected and answered");
+  f.add("heartbeat-timeout-ms", "10000", "a learner silent this long is declared dead");
+  f.add("merge", "rda", "merge rule: rda (token-weighted RDA, embeddings averaged) or average");
+  f.add("outer-optimizer", "nesterov", "nesterov, sgd or average");
+  f.add("outer-lr", "0.7", "outer learning rate");
+  f.add("outer-momentum", "0.9", "outer Nesterov momentum");
+  f.add("global-codec", "fp32", "codec of fragments sent to learners: fp32, bf16, fp16, int8, int4");
+  f.add("checkpoint-dir", "", "directory for checkpoints (empty: no checkpoints)");
+  f.add("checkpoint-every-ms", "30000", "checkpoint interval, milliseconds (also on SIGTERM/SIGINT)");
+  f.add("keys", "", "syncer key file (from ddiloco_keygen)");
+  f.add("allow", "", "allow-list file: `<learner-id> <public-key>` per line");
+  f.add("plaintext", "false", "run WITHOUT encryption or authentication (explicit choice)", true);
+  f.add("workers", "2", "merge worker threads");
+  f.add("status-every-ms", "5000", "status line interval, milliseconds");
+  f.add("status-file", "", "also write the latest status as key=value lines to this file");
+  if (!f.parse(argc, argv)) return 0;
+
+  std::vector<TensorSpec> specs;
+  std::vector<float> init;
+  if (f.flag("reference-model")) {
+    reference::TrainerConfig tc;
+    tc.seed = static_cast<std::uint64_t>(f.integer("seed"));
+    reference::CharLm model(tc.model);
+    specs = model.tensor_specs();
+    for (const auto& t : model.init(tc.seed))
+      init.insert(init.end(), t.data(), t.data() + t.size());
+  } else {
+    if (f.str("tensors").empty()) throw InvalidArgument("give --tensors FILE or --reference-model; see --help");
+    specs = read_tensor_list_file(f.str("tensors"));
+  }
+  Plan plan = make_plan(specs, f.count("fragments"));
+  if (init.empty()) init = read_init(f.str("init"), plan.total_numel());
+
+  const std::string merge = f.str("merge"), opt = f.str("outer-optimizer");
+  const auto lr = static_cast<float>(f.num("outer-lr")), mu = static_cast<float>(f.num("outer-momentum"));
+  if (merge != "rda" && merge != "average") throw InvalidArgument("--merge '" + merge + "': expected rda or average");
+  if (opt == "nesterov") {
+    return merge == "rda" ? serve(f, plan, init, RadialDirectional(), NesterovSGD(lr, mu))
+                          : serve(f, plan, init, WeightedAverage(), NesterovSGD(lr, mu));
+  }
+  if (opt == "sgd") {
+    return merge == "rda" ? serve(f, plan, init, RadialDirectional(), PlainSGD(lr))
+                          : serve(f, plan, init, WeightedAverage(), PlainSGD(lr));
+  }
+  if (opt == "average") {
+    return merge == "rda" ? serve(f, plan, init, RadialDirectional(), AverageOnly())
+                          : serve(f, plan, init, WeightedAverage(), AverageOnly());
+  }
+  throw InvalidArgument("--outer-optimizer '" + opt + "': expected nesterov, sgd or average");
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "ddiloco_syncer: %s\n", e.what());
+  return 1;
+}
