@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 using namespace ddiloco;
@@ -237,9 +238,11 @@ TEST_CASE("With a straggler, wait-for-all loses goodput while K = 1 keeps every 
 // merging it. Threads run out of phase, so with K = 1 most merges hold one
 // learner's progress; participation scaling (SyncerConfig) keeps the outer
 // step per round at the average progress. Without it this run diverged with
-// Nesterov (0.7, 0.9): measured RMS distance 2.5 to 3.9. With it, over six
-// runs: three below 0.1, then 0.21, 0.23, 0.32 (thread scheduling decides how
-// many contributions each merge holds). The bound is half the start (0.7).
+// Nesterov (0.7, 0.9): measured RMS distance 2.5 to 3.9. With it and Nesterov,
+// runs still spread from below 0.1 to 0.46 (thread scheduling decides how many
+// contributions each merge holds, and momentum amplifies the spread), so this
+// test, which is about threads and the protocol, uses plain SGD (lr 0.5): at
+// most 0.18 measured over 8 runs. The bound is half the start (0.7).
 TEST_CASE("Learners as real threads train to the optimum through the threaded syncer runtime", "[cluster][threads]") {
   static constexpr std::size_t a = 8192, b = 1024;
   ClusterConfig c = decoupled(4);
@@ -252,11 +255,13 @@ TEST_CASE("Learners as real threads train to the optimum through the threaded sy
   c.tape.set_message_faults(f);
   c.tape.add(Kill{1, 60, Downtime{std::nullopt, 5ms}});
   auto heavy = [](LearnerId id, std::uint64_t inc) { return std::make_unique<QuadraticTrainer>(id, inc, 4, a, b); };
-  const auto r = Cluster(quad_plan(2, a, b), c, heavy).run_threaded();
+  using ThreadedCluster = LocalCluster<QuadraticTrainer, RadialDirectional, PlainSGD, TokenWeights>;
+  const auto r = ThreadedCluster(quad_plan(2, a, b), c, heavy, RadialDirectional(), PlainSGD(0.5f)).run_threaded();
   CHECK(r.inner_steps >= 4 * 300);
   CHECK(r.kills == 1);
   CHECK(r.restarts == 1);
   CHECK(r.syncer.merges > 20);
   INFO(r.syncer.line());
   CHECK(distance_to_optimum(r.global) < 0.35);
+  std::printf("threaded run: RMS distance %.3f\n", distance_to_optimum(r.global));
 }
