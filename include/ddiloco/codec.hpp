@@ -203,8 +203,14 @@ inline float block_scale(std::span<const float> x, float q_max, bool& finite) no
   return m / q_max;
 }
 
+/// round_half_even(x * inv_scale) clamped to [-q_max, q_max]. |x * inv_scale| <= q_max
+/// (+ rounding) by construction, far below 2^22, where adding and subtracting
+/// 1.5 * 2^23 rounds to an integer in the default (to nearest, ties to even) mode:
+/// the sum's ulp is 1. Same result as std::nearbyint, but vectorisable. Needs
+/// IEEE arithmetic (no -ffast-math, which may fold the two additions away).
 inline int quantise(float x, float inv_scale, int q_max) noexcept {
-  const float r = std::nearbyint(x * inv_scale);  // default rounding mode: ties to even
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+  const float r = (x * inv_scale + kRound) - kRound;
   const int q = static_cast<int>(r);
   return std::clamp(q, -q_max, q_max);
 }
