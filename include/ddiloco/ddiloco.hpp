@@ -1,10 +1,12 @@
 // ddiloco/ddiloco.hpp: umbrella header. Includes every core header (standard
 // library only). Optional integrations are included on their own:
-// <ddiloco/adapters/eigen.hpp>, <ddiloco/adapters/xtensor.hpp>,
+// <ddiloco/adapters/eigen.hpp>, <ddiloco/adapters/xtensor.hpp>, <ddiloco/transport/zmq.hpp> (libzmq),
 // <ddiloco/reference/*.hpp> (Eigen), and the testing helpers <ddiloco/testing.hpp>.
 #pragma once
 
+#include <ddiloco/checkpoint.hpp>
 #include <ddiloco/clock.hpp>
+#include <ddiloco/codec.hpp>
 #include <ddiloco/error.hpp>
 #include <ddiloco/fault_tape.hpp>
 #include <ddiloco/fragmenter.hpp>
@@ -22,3 +24,4 @@
 #include <ddiloco/tensor.hpp>
 #include <ddiloco/tensor_list.hpp>
 #include <ddiloco/transport/in_process.hpp>
+#include <ddiloco/wire.hpp>
