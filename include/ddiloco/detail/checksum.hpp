@@ -14,8 +14,10 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -45,14 +47,23 @@ constexpr std::array<std::array<std::uint32_t, 256>, 8> make_crc32c_tables() noe
 inline constexpr auto kCrc32cTables = make_crc32c_tables();
 
 /// Portable update of a raw (pre-inverted) CRC state over `data`.
-constexpr std::uint32_t crc32c_update_portable(std::uint32_t crc, std::span<const std::byte> data) noexcept {
+inline std::uint32_t crc32c_update_portable(std::uint32_t crc, std::span<const std::byte> data) noexcept {
   const auto& t = kCrc32cTables;
   std::size_t i = 0;
   const std::size_t n = data.size();
   auto at = [&](std::size_t k) { return std::to_integer<std::uint32_t>(data[k]); };
+  auto le32 = [&](std::size_t k) {
+    std::uint32_t v = 0;
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(&v, data.data() + k, 4);
+    } else {
+      v = at(k) | (at(k + 1) << 8) | (at(k + 2) << 16) | (at(k + 3) << 24);
+    }
+    return v;
+  };
   for (; i + 8 <= n; i += 8) {
-    const std::uint32_t lo = crc ^ (at(i) | (at(i + 1) << 8) | (at(i + 2) << 16) | (at(i + 3) << 24));
-    const std::uint32_t hi = at(i + 4) | (at(i + 5) << 8) | (at(i + 6) << 16) | (at(i + 7) << 24);
+    const std::uint32_t lo = crc ^ le32(i);
+    const std::uint32_t hi = le32(i + 4);
     crc = t[7][lo & 0xFFU] ^ t[6][(lo >> 8) & 0xFFU] ^ t[5][(lo >> 16) & 0xFFU] ^ t[4][lo >> 24] ^
           t[3][hi & 0xFFU] ^ t[2][(hi >> 8) & 0xFFU] ^ t[1][(hi >> 16) & 0xFFU] ^ t[0][hi >> 24];
   }
@@ -69,7 +80,7 @@ __attribute__((target("sse4.2"))) inline std::uint32_t crc32c_update_hw(std::uin
   std::uint64_t c = crc;
   for (; n >= 8; n -= 8, p += 8) {
     std::uint64_t w = 0;
-    for (int k = 0; k < 8; ++k) w |= std::to_integer<std::uint64_t>(p[k]) << (8 * k);  // little-endian load
+    std::memcpy(&w, p, 8);  // x86-64 is little-endian: the bytes in stream order
     c = _mm_crc32_u64(c, w);
   }
   auto c32 = static_cast<std::uint32_t>(c);
