@@ -53,10 +53,7 @@ int main(int argc, char** argv) try {
   zc.connect = f.str("connect");
   zc.id = static_cast<LearnerId>(f.integer("id"));
   zc.error_feedback = f.flag("error-feedback");
-  zc.codec = Codec::fp32;
-  for (Codec c : all_codecs)
-    if (to_string(c) == f.str("codec")) zc.codec = c;
-  if (to_string(zc.codec) != f.str("codec")) throw InvalidArgument("--codec '" + f.str("codec") + "' is not a codec");
+  zc.codec = parse_codec(f.str("codec"));
   if (f.flag("plaintext")) {
     zc.security = ZmqSecurity::plaintext();
   } else {

@@ -30,12 +30,6 @@ namespace {
 std::atomic<int> g_signal{0};
 extern "C" void on_signal(int sig) { g_signal.store(sig); }
 
-Codec parse_codec(const std::string& s) {
-  for (Codec c : all_codecs)
-    if (to_string(c) == s) return c;
-  throw InvalidArgument("--codec '" + s + "': expected fp32, bf16, fp16, int8 or int4");
-}
-
 std::vector<float> read_init(const std::string& path, std::size_t n) {
   std::vector<float> v(n, 0.0f);
   if (path.empty()) return v;

@@ -72,6 +72,14 @@ constexpr std::string_view to_string(Codec c) noexcept {
   return "unknown";
 }
 
+/// The codec named `name` ("fp32", "bf16", "fp16", "int8", "int4"); throws
+/// InvalidArgument naming the value and the choices otherwise.
+inline Codec parse_codec(std::string_view name) {
+  for (Codec c : all_codecs)
+    if (to_string(c) == name) return c;
+  throw InvalidArgument(detail::msg("unknown codec '", name, "': expected fp32, bf16, fp16, int8 or int4"));
+}
+
 /// True iff `raw` is the value of one of the Codec enumerators.
 constexpr bool is_valid_codec(std::uint8_t raw) noexcept { return raw <= static_cast<std::uint8_t>(Codec::int4); }
 
