@@ -1,0 +1,355 @@
+// ddiloco/fast/kernels.hpp: the syncer's and learner's hot loops, written to run
+// at memory bandwidth.
+//
+// What it is: fused single-pass span kernels (squared norm; running-mean update
+// that also returns the squared norm of the new mean; scaled Nesterov step),
+// chunked codec decoders (fp32/bf16/fp16/int8/int4 into a small cache-resident
+// buffer) and the learner's fused "outer gradient + encode". Every loop is
+// written for the compiler's auto-vectoriser: fixed-width inner loops over
+// kLanes independent accumulators (a reduction into one scalar is bound by the
+// add latency, about 4 cycles per element; 16 independent lanes are not), no
+// branches inside the lanes, __restrict__ pointers.
+// What it is not: the specification. The readable reference loops are
+// <ddiloco/detail/kernels.hpp>, <ddiloco/codec.hpp> and the NesterovSGD loop of
+// <ddiloco/outer_optimizer.hpp>; tests/test_fast_kernels.cpp checks every kernel
+// here against them. Callers check sizes; these kernels assume them.
+//
+// Precision (stated tolerances of the tests): the reductions sum squares in fp32
+// over blocks of kNormBlock elements (each of the kLanes lanes adds
+// kNormBlock / kLanes = 16 terms, relative error <= 16 * 2^-24 ~ 1e-6) and add
+// the blocks in double, so a 2^24-element norm stays within ~1e-6 relative of the
+// reference's all-double sum. Element-wise results (mean update, decode, Nesterov)
+// use the same fp32 operations in the same order as the reference: identical
+// unless the compiler contracts a*b+c into an FMA (not on baseline x86-64).
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+
+#include <ddiloco/codec.hpp>
+
+namespace ddiloco::fast {
+
+/// Independent accumulators per reduction (one 512-bit or four 128-bit vectors).
+inline constexpr std::size_t kLanes = 16;
+/// Elements summed in fp32 before the partial sum is added in double.
+inline constexpr std::size_t kNormBlock = 256;
+/// Elements decoded at a time into a cache-resident buffer (16 KiB of fp32,
+/// well inside a 48 KiB L1d); a multiple of kQuantBlock so chunks hold whole
+/// quantisation blocks.
+inline constexpr std::size_t kChunk = 4096;
+static_assert(kChunk % kQuantBlock == 0 && kNormBlock % kLanes == 0);
+
+namespace detail {
+inline double lane_sum(const float (&acc)[kLanes]) noexcept {
+  double s = 0.0;
+  for (const float a : acc) s += static_cast<double>(a);
+  return s;
+}
+}  // namespace detail
+
+/// sum_i x_i^2 (reference: ddiloco::detail::squared_norm).
+inline double squared_norm(const float* __restrict__ x, std::size_t n) noexcept {
+  double total = 0.0;
+  std::size_t i = 0;
+  for (; i + kNormBlock <= n; i += kNormBlock) {
+    float acc[kLanes] = {};
+    for (std::size_t k = 0; k < kNormBlock; k += kLanes) {
+      for (std::size_t j = 0; j < kLanes; ++j) acc[j] += x[i + k + j] * x[i + k + j];
+    }
+    total += detail::lane_sum(acc);
+  }
+  for (; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return total;
+}
+
+/// mean_i += f * (s * x_i - mean_i) (reference: ddiloco::detail::running_mean_update)
+/// and returns sum_i mean_i^2 of the updated mean, in the same pass.
+inline double running_mean_update_sq(float f, float s, const float* __restrict__ x,
+                                     float* __restrict__ mean, std::size_t n) noexcept {
+  double total = 0.0;
+  std::size_t i = 0;
+  for (; i + kNormBlock <= n; i += kNormBlock) {
+    float acc[kLanes] = {};
+    for (std::size_t k = 0; k < kNormBlock; k += kLanes) {
+      for (std::size_t j = 0; j < kLanes; ++j) {
+        const float m = mean[i + k + j] + f * (s * x[i + k + j] - mean[i + k + j]);
+        mean[i + k + j] = m;
+        acc[j] += m * m;
+      }
+    }
+    total += detail::lane_sum(acc);
+  }
+  for (; i < n; ++i) {
+    const float m = mean[i] + f * (s * x[i] - mean[i]);
+    mean[i] = m;
+    total += static_cast<double>(m) * static_cast<double>(m);
+  }
+  return total;
+}
+
+/// mean_i = s * x_i (reference: ddiloco::detail::scale_copy) and returns sum_i mean_i^2.
+inline double scale_copy_sq(float s, const float* __restrict__ x, float* __restrict__ mean,
+                            std::size_t n) noexcept {
+  double total = 0.0;
+  std::size_t i = 0;
+  for (; i + kNormBlock <= n; i += kNormBlock) {
+    float acc[kLanes] = {};
+    for (std::size_t k = 0; k < kNormBlock; k += kLanes) {
+      for (std::size_t j = 0; j < kLanes; ++j) {
+        const float m = s * x[i + k + j];
+        mean[i + k + j] = m;
+        acc[j] += m * m;
+      }
+    }
+    total += detail::lane_sum(acc);
+  }
+  for (; i < n; ++i) {
+    const float m = s * x[i];
+    mean[i] = m;
+    total += static_cast<double>(m) * static_cast<double>(m);
+  }
+  return total;
+}
+
+/// The merge's last step fused with the outer optimizer, one pass
+/// (algorithm.md 4.2, 4.4; reference: RDA finish, the syncer's participation
+/// scaling, NesterovSGD::step):
+///     Delta_i = (c * mean_i) * share
+///     b_i     <- mu * b_i + Delta_i
+///     Theta_i <- Theta_i - eta * (Delta_i + mu * b_i)
+inline void scaled_nesterov(float c, float share, const float* __restrict__ mean, float mu, float eta,
+                            float* __restrict__ theta, float* __restrict__ b, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float d = (c * mean[i]) * share;
+    const float bi = mu * b[i] + d;
+    b[i] = bi;
+    theta[i] -= eta * (d + mu * bi);
+  }
+}
+
+/// out_i = c * x_i (the non-fused finish).
+inline void scale(float c, const float* __restrict__ x, float* __restrict__ out, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = c * x[i];
+}
+
+// ---- chunked decoding --------------------------------------------------------
+
+/// Decodes elements [lo, lo + len) of an n-element payload `in` (encoded with
+/// `codec`, in.size() == encoded_size(codec, n), checked by the caller) into out.
+/// lo must be a multiple of kQuantBlock and lo + len either n or a multiple of
+/// kQuantBlock, so only whole blocks are read. Returns false when the decoded
+/// blocks are not a valid encoding (same checks as ddiloco::decode: scale finite
+/// and >= 0, no -Q-1 code, zero int4 padding nibble); out is then unspecified.
+/// Reference: ddiloco::detail::try_decode on the whole payload.
+inline bool decode_range(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
+                         std::size_t len, float* __restrict__ out) noexcept {
+  const auto* u8 = reinterpret_cast<const unsigned char*>(in);
+  switch (codec) {
+    case Codec::fp32:
+      if constexpr (std::endian::native == std::endian::little) {
+        if (len != 0) std::memcpy(out, in + 4 * lo, 4 * len);
+      } else {
+        for (std::size_t i = 0; i < len; ++i) out[i] = std::bit_cast<float>(ddiloco::detail::load_u32(in + 4 * (lo + i)));
+      }
+      return true;
+    case Codec::bf16:
+      for (std::size_t i = 0; i < len; ++i) {
+        const std::size_t p = 2 * (lo + i);
+        const auto h = static_cast<std::uint32_t>(u8[p]) | (static_cast<std::uint32_t>(u8[p + 1]) << 8);
+        out[i] = std::bit_cast<float>(h << 16);
+      }
+      return true;
+    case Codec::fp16:
+      for (std::size_t i = 0; i < len; ++i) out[i] = ddiloco::detail::fp16_to_float(ddiloco::detail::load_u16(in + 2 * (lo + i)));
+      return true;
+    case Codec::int8:
+    case Codec::int4: break;
+  }
+  const std::size_t nb = ddiloco::detail::quant_blocks(n);
+  const std::byte* scales = in;
+  const unsigned char* codes = u8 + 4 * nb;
+  bool ok = true;
+  for (std::size_t e = 0; e < len; e += kQuantBlock) {
+    const std::size_t b = (lo + e) / kQuantBlock;
+    const float s = std::bit_cast<float>(ddiloco::detail::load_u32(scales + 4 * b));
+    ok &= s >= 0.0f && s <= std::numeric_limits<float>::max();  // false for NaN, inf, negative
+    const std::size_t blen = std::min(kQuantBlock, len - e);
+    float* __restrict__ o = out + e;
+    if (codec == Codec::int8) {
+      const unsigned char* c = codes + lo + e;
+      if (blen == kQuantBlock) {
+        unsigned bad = 0;
+        for (std::size_t j = 0; j < kQuantBlock; ++j) {
+          bad |= c[j] == 0x80U ? 1U : 0U;
+          o[j] = static_cast<float>(static_cast<signed char>(c[j])) * s;
+        }
+        ok &= bad == 0;
+      } else {
+        for (std::size_t j = 0; j < blen; ++j) {
+          ok &= c[j] != 0x80U;
+          o[j] = static_cast<float>(static_cast<signed char>(c[j])) * s;
+        }
+      }
+    } else {
+      const unsigned char* c = codes + (lo + e) / 2;
+      if (blen == kQuantBlock) {
+        unsigned bad = 0;
+        for (std::size_t j = 0; j < kQuantBlock / 2; ++j) {
+          const unsigned lo4 = c[j] & 0xFU, hi4 = static_cast<unsigned>(c[j]) >> 4;
+          bad |= (lo4 == 8U ? 1U : 0U) | (hi4 == 8U ? 1U : 0U);
+          // Sign-extend each nibble: (v ^ 8) - 8 maps 0..7 -> 0..7, 8..15 -> -8..-1.
+          o[2 * j] = static_cast<float>(static_cast<int>(lo4 ^ 8U) - 8) * s;
+          o[2 * j + 1] = static_cast<float>(static_cast<int>(hi4 ^ 8U) - 8) * s;
+        }
+        ok &= bad == 0;
+      } else {
+        for (std::size_t j = 0; j < blen; j += 2) {
+          const unsigned lo4 = c[j / 2] & 0xFU, hi4 = static_cast<unsigned>(c[j / 2]) >> 4;
+          ok &= lo4 != 8U;
+          o[j] = static_cast<float>(static_cast<int>(lo4 ^ 8U) - 8) * s;
+          if (j + 1 < blen) {
+            ok &= hi4 != 8U;
+            o[j + 1] = static_cast<float>(static_cast<int>(hi4 ^ 8U) - 8) * s;
+          } else {
+            ok &= hi4 == 0U;  // padding nibble of an odd-length payload
+          }
+        }
+      }
+    }
+  }
+  return ok;
+}
+
+/// True when the n-element payload `in` (encoded_size(codec, n) bytes, checked by
+/// the caller) is a valid encoding, by a scan of its bytes without decoding:
+/// the checks of ddiloco::decode (finite scales >= 0, no -128 / -8 code, zero
+/// int4 padding nibble). fp32/bf16/fp16: every bit pattern is valid.
+inline bool valid_encoding(Codec codec, const std::byte* in, std::size_t n) noexcept {
+  if (codec != Codec::int8 && codec != Codec::int4) return true;
+  const std::size_t nb = ddiloco::detail::quant_blocks(n);
+  unsigned bad = 0;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const float s = std::bit_cast<float>(ddiloco::detail::load_u32(in + 4 * b));
+    bad |= s >= 0.0f && s <= std::numeric_limits<float>::max() ? 0U : 1U;
+  }
+  const auto* c = reinterpret_cast<const unsigned char*>(in + 4 * nb);
+  if (codec == Codec::int8) {
+    for (std::size_t i = 0; i < n; ++i) bad |= c[i] == 0x80U ? 1U : 0U;
+    return bad == 0;
+  }
+  const std::size_t full = n / 2;  // bytes holding two elements
+  for (std::size_t i = 0; i < full; ++i) {
+    bad |= ((c[i] & 0xFU) == 8U ? 1U : 0U) | ((c[i] >> 4) == 8U ? 1U : 0U);
+  }
+  if (n % 2 != 0) bad |= ((c[full] & 0xFU) == 8U || (c[full] >> 4) != 0U) ? 1U : 0U;
+  return bad == 0;
+}
+
+// ---- learner side --------------------------------------------------------------
+
+namespace detail {
+/// Encodes x[0..len) = elements [lo, lo + len) of an n-element vector into the
+/// matching bytes of `out` (the whole payload, encoded_size(codec, n) bytes);
+/// lo and len as for decode_range. Returns false on a non-finite value for int8/int4.
+inline bool encode_range(Codec codec, const float* __restrict__ x, std::size_t n, std::size_t lo,
+                         std::size_t len, std::byte* out) noexcept {
+  switch (codec) {
+    case Codec::fp32:
+      if constexpr (std::endian::native == std::endian::little) {
+        if (len != 0) std::memcpy(out + 4 * lo, x, 4 * len);
+      } else {
+        for (std::size_t i = 0; i < len; ++i) ddiloco::detail::store_u32(out + 4 * (lo + i), std::bit_cast<std::uint32_t>(x[i]));
+      }
+      return true;
+    case Codec::bf16:
+      for (std::size_t i = 0; i < len; ++i) ddiloco::detail::store_u16(out + 2 * (lo + i), ddiloco::detail::float_to_bf16(x[i]));
+      return true;
+    case Codec::fp16:
+      for (std::size_t i = 0; i < len; ++i) ddiloco::detail::store_u16(out + 2 * (lo + i), ddiloco::detail::float_to_fp16(x[i]));
+      return true;
+    case Codec::int8:
+    case Codec::int4: break;
+  }
+  const int q_max = codec == Codec::int8 ? 127 : 7;
+  const std::size_t nb = ddiloco::detail::quant_blocks(n);
+  auto* codes = reinterpret_cast<unsigned char*>(out + 4 * nb);
+  bool ok = true;
+  for (std::size_t e = 0; e < len; e += kQuantBlock) {
+    const std::size_t blen = std::min(kQuantBlock, len - e);
+    const float* xb = x + e;
+    bool finite = true;
+    const float s = ddiloco::detail::block_scale(std::span<const float>(xb, blen), static_cast<float>(q_max), finite);
+    ok &= finite;
+    ddiloco::detail::store_u32(out + 4 * ((lo + e) / kQuantBlock), std::bit_cast<std::uint32_t>(s));
+    const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+    if (codec == Codec::int8) {
+      unsigned char* c = codes + lo + e;
+      for (std::size_t j = 0; j < blen; ++j) {
+        c[j] = static_cast<unsigned char>(static_cast<signed char>(ddiloco::detail::quantise(xb[j], inv, q_max)));
+      }
+    } else {
+      unsigned char* c = codes + (lo + e) / 2;
+      if (blen == kQuantBlock) {
+        for (std::size_t j = 0; j < kQuantBlock / 2; ++j) {
+          const auto q0 = static_cast<unsigned>(ddiloco::detail::quantise(xb[2 * j], inv, q_max)) & 0xFU;
+          const auto q1 = static_cast<unsigned>(ddiloco::detail::quantise(xb[2 * j + 1], inv, q_max)) & 0xFU;
+          c[j] = static_cast<unsigned char>(q0 | (q1 << 4));
+        }
+      } else {
+        for (std::size_t j = 0; j < blen; j += 2) {
+          const auto q0 = static_cast<unsigned>(ddiloco::detail::quantise(xb[j], inv, q_max)) & 0xFU;
+          const auto q1 = j + 1 < blen ? static_cast<unsigned>(ddiloco::detail::quantise(xb[j + 1], inv, q_max)) & 0xFU : 0U;
+          c[j / 2] = static_cast<unsigned char>(q0 | (q1 << 4));
+        }
+      }
+    }
+  }
+  return ok;
+}
+}  // namespace detail
+
+/// The learner's due step in one pass over memory (algorithm.md 3, step 3):
+///     new_base_i = local_i            (the snapshot that becomes the next base)
+///     v_i        = base_i - local_i   (the outer gradient, never stored whole)
+///     out        = encode(codec, v)
+/// chunk by chunk, v living only in a kChunk-element stack buffer.
+/// Reference: std::copy + the subtraction loop of OuterLoop::send_fragment +
+/// ddiloco::encode. Throws ShapeMismatch on mismatched sizes and InvalidArgument
+/// when int8/int4 meet a non-finite value (as ddiloco::encode does).
+/// new_base may not alias base or local.
+inline void snapshot_outer_gradient(Codec codec, std::span<const float> local, std::span<const float> base,
+                                    std::span<float> new_base, std::span<std::byte> out) {
+  const std::size_t n = local.size();
+  if (base.size() != n || new_base.size() != n || out.size() != encoded_size(codec, n)) {
+    throw ShapeMismatch(ddiloco::detail::msg("fast::snapshot_outer_gradient: local has ", n, " elements, base ",
+                                             base.size(), ", new_base ", new_base.size(), ", out ", out.size(),
+                                             " bytes (need ", encoded_size(codec, n),
+                                             "); pass one fragment's buffers sized with encoded_size()"));
+  }
+  alignas(64) float v[kChunk];
+  for (std::size_t lo = 0; lo < n; lo += kChunk) {
+    const std::size_t len = std::min(kChunk, n - lo);
+    const float* __restrict__ l = local.data() + lo;
+    const float* __restrict__ bs = base.data() + lo;
+    float* __restrict__ nb = new_base.data() + lo;
+    for (std::size_t i = 0; i < len; ++i) {
+      const float x = l[i];
+      nb[i] = x;
+      v[i] = bs[i] - x;
+    }
+    if (!detail::encode_range(codec, v, n, lo, len, out.data())) {
+      throw InvalidArgument(ddiloco::detail::msg("fast::snapshot_outer_gradient(", to_string(codec),
+                                                 "): elements ", lo, "..", lo + len - 1,
+                                                 " of the outer gradient hold a NaN or infinity; quantised "
+                                                 "codecs need finite values; check the parameters"));
+    }
+  }
+}
+
+}  // namespace ddiloco::fast

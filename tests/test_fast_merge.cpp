@@ -1,0 +1,233 @@
+// Tests for <ddiloco/fast/merge.hpp>: fast::RadialDirectional against the
+// readable reference ddiloco::RadialDirectional (<ddiloco/merge.hpp>) on random
+// layouts and inputs, fp32 and encoded contributions, one and two threads, and
+// its fused finish + Nesterov step against finish + NesterovSGD::step.
+//
+// Tolerances: the merged gradient within 1e-5 relative to the reference's
+// output (max |diff| / max |ref|). The only differences are the summation order
+// of the norms (fast: fp32 lanes of 16 terms, then double; ~1e-6 relative),
+// which moves each tensor's scale factor by a few fp32 ulps. Encoded
+// contributions are compared with the reference fed ddiloco::decode's output.
+// DDILOCO_TEST_LABEL(threaded)
+#include <ddiloco/fast/merge.hpp>
+
+#include <ddiloco/codec.hpp>
+#include <ddiloco/merge.hpp>
+#include <ddiloco/outer_optimizer.hpp>
+#include <ddiloco/testing.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace fast = ddiloco::fast;
+using ddiloco::Codec;
+using ddiloco::TensorSegment;
+using Vec = std::vector<float>;
+
+static_assert(ddiloco::MergeRule<fast::RadialDirectional>);
+
+namespace {
+
+double relative_diff(const Vec& got, const Vec& ref) {
+  double d = 0.0, m = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    d = std::max(d, std::fabs(static_cast<double>(got[i]) - ref[i]));
+    m = std::max(m, std::fabs(static_cast<double>(ref[i])));
+  }
+  return m == 0.0 ? d : d / m;
+}
+
+/// Layouts whose sizes straddle every block of the kernels: vector width (16),
+/// norm block (256), quantisation block (64), decode chunk (4096), tensor group (2^18).
+std::vector<std::vector<TensorSegment>> layouts() {
+  auto make = [](std::vector<std::pair<std::size_t, bool>> sizes) {
+    std::vector<TensorSegment> l;
+    std::size_t off = 0;
+    for (auto [n, emb] : sizes) {
+      l.push_back({off, n, emb});
+      off += n;
+    }
+    return l;
+  };
+  return {make({{1, false}}),
+          make({{63, false}}),
+          make({{64, false}}),
+          make({{65, false}, {1000, true}, {4097, false}}),
+          make({{3, false}, {17, false}, {255, true}, {257, false}, {4095, false}, {1, false}}),
+          make({{(std::size_t{1} << 18) - 5, false}, {9, false}, {70000, true}, {(std::size_t{1} << 18) + 3, false}})};
+}
+
+std::vector<Vec> inputs_for(std::size_t n, std::size_t m, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<Vec> out(m, Vec(n));
+  for (std::size_t k = 0; k < m; ++k) {
+    const float scale = 0.5f + static_cast<float>(k);  // different norms per learner
+    for (float& x : out[k]) x = dist(rng) * scale;
+  }
+  return out;
+}
+
+const double kWeights[] = {1.0, 2.5, 0.75, 4.0, 3.0};
+
+}  // namespace
+
+TEST_CASE("fast RDA merges fp32 contributions like the reference within 1e-5 relative, one and two threads",
+          "[fast][merge]") {
+  fast::Workers two(2);
+  for (fast::Workers* workers : {static_cast<fast::Workers*>(nullptr), &two}) {
+    for (const auto& layout : layouts()) {
+      const std::size_t n = ddiloco::layout_size(layout);
+      const auto inputs = inputs_for(n, 5, static_cast<std::uint32_t>(n));
+      auto ref = ddiloco::RadialDirectional{}.make_accumulator(layout);
+      auto got = fast::RadialDirectional{workers}.make_accumulator(layout);
+      for (std::size_t k = 0; k < inputs.size(); ++k) {
+        ref.add(inputs[k], kWeights[k]);
+        got.add(inputs[k], kWeights[k]);
+      }
+      Vec out_ref(n), out_got(n);
+      ref.finish(out_ref);
+      got.finish(out_got);
+      INFO("n = " << n << " threads = " << (workers ? workers->size() : 1));
+      CHECK(relative_diff(out_got, out_ref) <= 1e-5);
+      CHECK(got.count() == ref.count());
+      CHECK(got.total_weight() == ref.total_weight());
+    }
+  }
+}
+
+TEST_CASE("fast RDA merges encoded contributions of every codec like the reference on the decoded values",
+          "[fast][merge][codec]") {
+  fast::Workers two(2);
+  for (fast::Workers* workers : {static_cast<fast::Workers*>(nullptr), &two}) {
+    for (const Codec codec : ddiloco::all_codecs) {
+      for (const auto& layout : layouts()) {
+        const std::size_t n = ddiloco::layout_size(layout);
+        const auto inputs = inputs_for(n, 3, 99);
+        auto ref = ddiloco::RadialDirectional{}.make_accumulator(layout);
+        auto got = fast::RadialDirectional{workers}.make_accumulator(layout);
+        for (std::size_t k = 0; k < inputs.size(); ++k) {
+          const auto bytes = ddiloco::encode(codec, inputs[k]);
+          Vec decoded(n);
+          ddiloco::decode(codec, bytes, decoded);
+          ref.add(decoded, kWeights[k]);
+          got.add_encoded(codec, bytes, kWeights[k]);
+        }
+        Vec out_ref(n), out_got(n);
+        ref.finish(out_ref);
+        got.finish(out_got);
+        INFO(ddiloco::to_string(codec) << " n = " << n << " threads = " << (workers ? workers->size() : 1));
+        CHECK(relative_diff(out_got, out_ref) <= 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("fast RDA finish_step equals finish, participation share and NesterovSGD::step", "[fast][merge]") {
+  const ddiloco::NesterovSGD opt(0.7f, 0.9f);
+  fast::Workers two(2);
+  for (fast::Workers* workers : {static_cast<fast::Workers*>(nullptr), &two}) {
+    for (const auto& layout : layouts()) {
+      const std::size_t n = ddiloco::layout_size(layout);
+      const auto inputs = inputs_for(n, 4, 5);
+      auto ref = ddiloco::RadialDirectional{}.make_accumulator(layout);
+      auto got = fast::RadialDirectional{workers}.make_accumulator(layout);
+      Vec theta_ref = inputs_for(n, 1, 6)[0], state_ref(n, 0.0f);
+      Vec theta = theta_ref, state = state_ref;
+      for (int round = 0; round < 2; ++round) {  // the second round has non-zero momentum
+        ref.reset();
+        got.reset();
+        for (std::size_t k = 0; k < inputs.size(); ++k) {
+          ref.add(inputs[k], kWeights[k]);
+          got.add(inputs[k], kWeights[k]);
+        }
+        Vec delta(n);
+        ref.finish(delta);
+        for (float& d : delta) d *= 0.75f;  // 3 of 4 alive learners contributed
+        opt.step(theta_ref, delta, state_ref);
+        got.finish_step(opt, 0.75f, theta, state);
+      }
+      INFO("n = " << n);
+      CHECK(relative_diff(theta, theta_ref) <= 1e-5);
+      CHECK(relative_diff(state, state_ref) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("fast RDA keeps the reference's edge cases: zero tensors, cancelling directions, embeddings",
+          "[fast][merge]") {
+  // Tensor 0 cancels (v and -v), tensor 1 is zero in the first input, tensor 2
+  // is an embedding. Hand values: tensor 0 -> 0; tensor 1: mean norm
+  // (1 * 0 + 1 * 5) / 2 = 2.5 along (3, 4) / 5 -> (1.5, 2); tensor 2: (1 + 3) / 2 = 2.
+  const std::vector<TensorSegment> layout{{0, 2, false}, {2, 2, false}, {4, 1, true}};
+  const Vec a{1.0f, 2.0f, 0.0f, 0.0f, 1.0f};
+  const Vec b{-1.0f, -2.0f, 3.0f, 4.0f, 3.0f};
+  auto acc = fast::RadialDirectional{}.make_accumulator(layout);
+  acc.add(a, 1.0);
+  acc.add(b, 1.0);
+  Vec out(5);
+  acc.finish(out);
+  CHECK(out[0] == 0.0f);
+  CHECK(out[1] == 0.0f);
+  CHECK(out[2] == Approx(1.5f).epsilon(1e-6));
+  CHECK(out[3] == Approx(2.0f).epsilon(1e-6));
+  CHECK(out[4] == Approx(2.0f).epsilon(1e-6));
+}
+
+TEST_CASE("fast RDA passes the merge-rule property checks of ddiloco::testing", "[fast][merge]") {
+  for (const std::uint64_t seed : {1u, 2u}) {
+    for (const auto& r :
+         ddiloco::testing::check_merge_rule(fast::RadialDirectional{}, ddiloco::testing::NormBehaviour::mean_of_norms, seed)) {
+      INFO(ddiloco::testing::to_string(r));
+      CHECK(r.passed);
+    }
+  }
+}
+
+TEST_CASE("fast RDA rejects a corrupt encoded payload with ProtocolError and leaves the accumulator unchanged",
+          "[fast][merge][errors]") {
+  const std::vector<TensorSegment> layout{{0, 100, false}, {100, 60, false}};
+  const auto inputs = inputs_for(160, 2, 3);
+  auto acc = fast::RadialDirectional{}.make_accumulator(layout);
+  acc.add(inputs[0], 1.0);
+  auto bytes = ddiloco::encode(Codec::int4, inputs[1]);
+  bytes[4 * 3] = std::byte{0x88};  // two -8 codes
+  CHECK_THROWS_AS(acc.add_encoded(Codec::int4, bytes, 2.0), ddiloco::ProtocolError);
+  CHECK(acc.count() == 1);
+  CHECK(acc.total_weight() == 1.0);
+  Vec out(160), ref_out(160);
+  acc.finish(out);
+  auto ref = ddiloco::RadialDirectional{}.make_accumulator(layout);
+  ref.add(inputs[0], 1.0);
+  ref.finish(ref_out);
+  CHECK(relative_diff(out, ref_out) <= 1e-5);
+  CHECK_THROWS_AS(acc.add_encoded(Codec::int4, std::span<const std::byte>(bytes).first(10), 1.0),
+                  ddiloco::ShapeMismatch);
+  CHECK_THROWS_AS(acc.add_encoded(Codec::fp32, ddiloco::encode(Codec::fp32, inputs[1]), -1.0),
+                  ddiloco::InvalidArgument);
+}
+
+TEST_CASE("fast RDA finish_step checks shapes and the participation share", "[fast][merge][errors]") {
+  const std::vector<TensorSegment> layout{{0, 8, false}};
+  auto acc = fast::RadialDirectional{}.make_accumulator(layout);
+  const ddiloco::NesterovSGD opt;
+  Vec theta(8), state(8), short_state(7);
+  CHECK_THROWS_AS(acc.finish_step(opt, 1.0f, theta, state), ddiloco::StateError);  // nothing added
+  acc.add(Vec(8, 1.0f), 1.0);
+  CHECK_THROWS_AS(acc.finish_step(opt, 1.0f, theta, short_state), ddiloco::ShapeMismatch);
+  CHECK_THROWS_AS(acc.finish_step(opt, 0.0f, theta, state), ddiloco::InvalidArgument);
+  CHECK_THROWS_AS(acc.finish_step(opt, 1.5f, theta, state), ddiloco::InvalidArgument);
+  CHECK_THROWS_AS(fast::Workers(0), ddiloco::InvalidArgument);
+}
+
+TEST_CASE("fast RDA memory does not grow with the number of contributions", "[fast][merge]") {
+  const std::vector<TensorSegment> layout{{0, 5000, false}, {5000, 77, true}};
+  auto acc = fast::RadialDirectional{}.make_accumulator(layout);
+  const std::size_t before = acc.memory_bytes();
+  for (const auto& v : inputs_for(5077, 20, 4)) acc.add(v, 1.0);
+  CHECK(acc.memory_bytes() == before);
+}
