@@ -37,6 +37,9 @@ int main(int argc, char** argv) try {
   f.add("server-key", "", "the syncer's public key file");
   f.add("plaintext", "false", "connect WITHOUT encryption or authentication (explicit choice)", true);
   f.add("join-timeout-ms", "60000", "give up joining after this long");
+  f.add("lock-step", "false",
+        "wait at send + tau for each fragment's merged result (synchronous / Streaming DiLoCo baseline)", true);
+  f.add("lock-step-timeout-ms", "60000", "in lock-step mode, stop waiting for a result after this long");
   f.add("eval-every", "200", "print a progress line every this many steps");
   f.add("eval-examples", "2048", "validation examples per progress line");
   if (!f.parse(argc, argv)) return 0;
@@ -68,6 +71,8 @@ int main(int argc, char** argv) try {
   oc.sync_every = f.count("sync-every");
   oc.overlap = f.count("overlap");
   oc.join_timeout = std::chrono::milliseconds(f.integer("join-timeout-ms"));
+  oc.lock_step = f.flag("lock-step");
+  oc.lock_step_timeout = std::chrono::milliseconds(f.integer("lock-step-timeout-ms"));
   OuterLoop<ZmqLearnerTransport, Eigen::MatrixXf> outer(plan, link, oc);
   auto& params = trainer.params();
   std::printf("learner %u: joining %s (plan %016llx, %zu parameters)\n", zc.id, zc.connect.c_str(),
