@@ -193,3 +193,24 @@ TEST_CASE("fast snapshot_outer_gradient rejects wrong sizes and non-finite value
   local[70] = std::numeric_limits<float>::infinity();
   CHECK_THROWS_AS(fast::snapshot_outer_gradient(Codec::int4, local, base, new_base, out), ddiloco::InvalidArgument);
 }
+
+TEST_CASE("fast encoded_squared_norm of any element range matches the squared norm of the decoded values",
+          "[fast][codec]") {
+  // Tolerance 2e-6 relative: the integer path skips the fp32 rounding of q * s
+  // (~6e-8 per element) and sums in a different order.
+  for (const Codec codec : ddiloco::all_codecs) {
+    const std::size_t n = 4097 + 64;
+    const auto x = random_vector(n, 51, 2.0f);
+    const auto bytes = ddiloco::encode(codec, x);
+    std::vector<float> decoded(n);
+    ddiloco::decode(codec, bytes, decoded);
+    const std::pair<std::size_t, std::size_t> ranges[] = {{0, n}, {0, 1}, {1, 63}, {63, 2}, {64, 64}, {65, 1000},
+                                                          {100, 4000}, {n - 1, 1}, {n - 65, 65}, {5, 0}};
+    for (const auto& [lo, len] : ranges) {
+      const double ref = ddiloco::detail::squared_norm(std::span<const float>(decoded).subspan(lo, len));
+      const double got = fast::encoded_squared_norm(codec, bytes.data(), n, lo, len);
+      INFO(ddiloco::to_string(codec) << " lo = " << lo << " len = " << len);
+      CHECK(std::fabs(got - ref) <= 2e-6 * ref);
+    }
+  }
+}

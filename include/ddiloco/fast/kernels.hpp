@@ -226,6 +226,57 @@ inline bool decode_range(Codec codec, const std::byte* in, std::size_t n, std::s
   return ok;
 }
 
+/// sum of the squares of elements [lo, lo + len) of a VALID n-element payload
+/// (any lo, len), without decoding to floats where whole quantisation blocks
+/// are covered: block b contributes s_b^2 * sum_j q_j^2 (an integer sum), in
+/// double. Equals the squared norm of ddiloco::decode's output up to the fp32
+/// rounding of each q_j * s_b there (~1e-7 relative). Any codec; the others
+/// decode into a stack buffer.
+inline double encoded_squared_norm(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
+                                   std::size_t len) noexcept {
+  alignas(64) float buf[kQuantBlock];
+  double total = 0.0;
+  const std::size_t hi = lo + len;
+  if (codec != Codec::int8 && codec != Codec::int4) {
+    alignas(64) float chunk[kChunk];
+    for (std::size_t a = lo; a < hi; a += kChunk) {
+      const std::size_t l = std::min(kChunk, hi - a);
+      decode_range(codec, in, n, a, l, chunk);
+      total += squared_norm(chunk, l);
+    }
+    return total;
+  }
+  const std::size_t nb = ddiloco::detail::quant_blocks(n);
+  const auto* codes = reinterpret_cast<const unsigned char*>(in + 4 * nb);
+  for (std::size_t b = lo / kQuantBlock; b * kQuantBlock < hi; ++b) {
+    const std::size_t blo = b * kQuantBlock, bhi = std::min(n, blo + kQuantBlock);
+    const std::size_t a = std::max(lo, blo), e = std::min(hi, bhi);
+    if (a != blo || e != bhi || bhi - blo != kQuantBlock) {  // partial block: decode it
+      decode_range(codec, in, n, blo, bhi - blo, buf);
+      total += squared_norm(buf + (a - blo), e - a);
+      continue;
+    }
+    const auto s = static_cast<double>(std::bit_cast<float>(ddiloco::detail::load_u32(in + 4 * b)));
+    std::uint32_t q2 = 0;
+    if (codec == Codec::int8) {
+      const unsigned char* c = codes + blo;
+      for (std::size_t j = 0; j < kQuantBlock; ++j) {
+        const int q = static_cast<signed char>(c[j]);
+        q2 += static_cast<std::uint32_t>(q * q);
+      }
+    } else {
+      const unsigned char* c = codes + blo / 2;
+      for (std::size_t j = 0; j < kQuantBlock / 2; ++j) {
+        const int q0 = static_cast<int>((c[j] & 0xFU) ^ 8U) - 8;
+        const int q1 = static_cast<int>((static_cast<unsigned>(c[j]) >> 4) ^ 8U) - 8;
+        q2 += static_cast<std::uint32_t>(q0 * q0 + q1 * q1);
+      }
+    }
+    total += s * s * static_cast<double>(q2);
+  }
+  return total;
+}
+
 /// True when the n-element payload `in` (encoded_size(codec, n) bytes, checked by
 /// the caller) is a valid encoding, by a scan of its bytes without decoding:
 /// the checks of ddiloco::decode (finite scales >= 0, no -128 / -8 code, zero
@@ -254,6 +305,29 @@ inline bool valid_encoding(Codec codec, const std::byte* in, std::size_t n) noex
 // ---- learner side --------------------------------------------------------------
 
 namespace detail {
+/// max_i (bits of x_i with the sign cleared), in kLanes independent lanes.
+inline std::uint32_t absmax_bits(const float* __restrict__ x, std::size_t len) noexcept {
+  std::uint32_t lanes[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= len; i += kLanes) {
+    for (std::size_t j = 0; j < kLanes; ++j) {
+      std::uint32_t b;
+      std::memcpy(&b, x + i + j, 4);
+      b &= 0x7FFFFFFFU;
+      lanes[j] = b > lanes[j] ? b : lanes[j];
+    }
+  }
+  std::uint32_t m = 0;
+  for (; i < len; ++i) {
+    std::uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    b &= 0x7FFFFFFFU;
+    m = b > m ? b : m;
+  }
+  for (const std::uint32_t l : lanes) m = l > m ? l : m;
+  return m;
+}
+
 /// Encodes x[0..len) = elements [lo, lo + len) of an n-element vector into the
 /// matching bytes of `out` (the whole payload, encoded_size(codec, n) bytes);
 /// lo and len as for decode_range. Returns false on a non-finite value for int8/int4.
@@ -283,9 +357,12 @@ inline bool encode_range(Codec codec, const float* __restrict__ x, std::size_t n
   for (std::size_t e = 0; e < len; e += kQuantBlock) {
     const std::size_t blen = std::min(kQuantBlock, len - e);
     const float* xb = x + e;
-    bool finite = true;
-    const float s = ddiloco::detail::block_scale(std::span<const float>(xb, blen), static_cast<float>(q_max), finite);
-    ok &= finite;
+    // max |x| as the largest magnitude bit pattern: for non-negative floats the
+    // integer order is the float order, and NaN/inf are the patterns >= 0x7F800000.
+    // Same value as ddiloco::detail::block_scale, but an integer max vectorises.
+    const std::uint32_t max_bits = detail::absmax_bits(xb, blen);
+    ok &= max_bits < 0x7F800000U;
+    const float s = std::bit_cast<float>(max_bits) / static_cast<float>(q_max);
     ddiloco::detail::store_u32(out + 4 * ((lo + e) / kQuantBlock), std::bit_cast<std::uint32_t>(s));
     const float inv = s > 0.0f ? 1.0f / s : 0.0f;
     if (codec == Codec::int8) {

@@ -17,7 +17,8 @@
 // # Passes over memory per contribution (algorithm.md 4.4)
 // RDA needs ||v_t|| of each tensor t before phi(v_t) = v_t / ||v_t|| can be
 // folded into the running mean, so each contribution is read twice:
-//   pass 1  ||v_t||^2;
+//   pass 1  ||v_t||^2 (int8/int4: from the integer codes, s_b^2 sum_j q_j^2
+//           per block, no float decode);
 //   pass 2  mean += f (s_t v - mean), summing ||mean_t||^2 of the new mean on
 //           the way, so finish() needs no norm pass of its own.
 // An int8/int4 payload is first checked by a byte scan (valid_encoding: no
@@ -267,8 +268,13 @@ struct RadialDirectional {
         std::fill(partial_.begin(), partial_.end(), 0.0);
         for_range(g.lo, g.hi, [&](std::size_t part, std::size_t lo, std::size_t hi) {
           double* sq = partial_.data() + part * nt;
-          for_each_chunk(src, part, lo, hi, [&](std::size_t t, std::size_t /*a*/, std::size_t len, const float* x) {
-            if (!layout_[t].embedding) sq[t] += fast::squared_norm(x, len);
+          for_each_piece(lo, hi, [&](std::size_t t, std::size_t a, std::size_t len) {
+            if (layout_[t].embedding) return;
+            if constexpr (Source::chunked) {
+              sq[t] += fast::encoded_squared_norm(src.codec, src.bytes, size_, a, len);
+            } else {
+              sq[t] += fast::squared_norm(src.v + a, len);
+            }
           });
         });
         for (std::size_t t = g.first; t < g.last; ++t) {

@@ -1,0 +1,327 @@
+// Benchmarks for issue 6: the syncer's merge + outer step and the learner's
+// step against the machine's memory bandwidth (<ddiloco/fast/merge.hpp>,
+// <ddiloco/fast/kernels.hpp>, the references they are tested against, OuterLoop).
+//
+// Every rate is the MINIMUM bytes the operation must move divided by its time,
+// so it compares with the STREAM-style triad measured here (scripts/bench.sh
+// divides the two: the roofline ratio). For a fragment of n elements:
+//   triad             a = b + s c: read b, c, write a                  = 12n (STREAM's count)
+//   memcpy            read n floats, write n floats                    =  8n
+//   merge round (RDA, M contributions, streaming, then the outer step):
+//     contributions   read once each: fp32 4n, int4 4 ceil(n/64) + ceil(n/2)
+//     accumulator     first add writes it (4n), every later add reads and
+//                     writes it (8n): 4n + (M - 1) 8n
+//     finish + step   read mean, theta, b; write theta, b              = 20n
+//   learner due step  read local and base, write the new base and the payload
+//                     = 12n + encoded_size
+// The RDA norm pass re-reads each contribution; that second read is not in
+// the minimum (it is what the tensor grouping tries to serve from cache).
+//
+// Arguments: merge rounds take {log2 n, M, threads}; the 16M-element case is
+// log2 n = 24. Run with --benchmark_repetitions and report medians
+// (scripts/bench.sh does).
+#include <ddiloco/clock.hpp>
+#include <ddiloco/codec.hpp>
+#include <ddiloco/fast/kernels.hpp>
+#include <ddiloco/fast/merge.hpp>
+#include <ddiloco/fragmenter.hpp>
+#include <ddiloco/merge.hpp>
+#include <ddiloco/merge_weights.hpp>
+#include <ddiloco/outer_loop.hpp>
+#include <ddiloco/outer_optimizer.hpp>
+#include <ddiloco/syncer.hpp>
+#include <ddiloco/transport/in_process.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fast = ddiloco::fast;
+
+namespace {
+
+using ddiloco::Codec;
+
+/// Six tensors, as in bench_merge.cpp: an embedding of n/4, then 3n/8, n/8, n/8, n/16 and the rest.
+std::vector<ddiloco::TensorSegment> make_layout(std::size_t n) {
+  const std::size_t sizes[] = {n / 4, 3 * n / 8, n / 8, n / 8, n / 16};
+  std::vector<ddiloco::TensorSegment> layout;
+  std::size_t offset = 0;
+  for (std::size_t k = 0; k < 5; ++k) {
+    layout.push_back({offset, sizes[k], k == 0});
+    offset += sizes[k];
+  }
+  layout.push_back({offset, n - offset, false});
+  return layout;
+}
+
+std::vector<float> lcg_vector(std::size_t n, std::uint32_t seed) {
+  std::vector<float> v(n);
+  std::uint32_t state = seed;
+  for (float& x : v) {
+    state = state * 1664525u + 1013904223u;  // LCG: cheap, deterministic values in [-1, 1)
+    x = static_cast<float>(static_cast<double>(state) / 2147483648.0 - 1.0);
+  }
+  return v;
+}
+
+/// M distinct contributions of n elements in `codec` (raw fp32 vectors for fp32),
+/// cached for the last (n, M, codec) only: 2^24 x 8 fp32 = 512 MiB.
+struct Contributions {
+  std::size_t n = 0, m = 0;
+  Codec codec = Codec::fp32;
+  std::vector<std::vector<float>> fp32;
+  std::vector<std::vector<std::byte>> encoded;
+};
+const Contributions& contributions(std::size_t n, std::size_t m, Codec codec) {
+  static Contributions c;
+  if (c.n != n || c.m != m || c.codec != codec) {
+    c = Contributions{};
+    c.n = n;
+    c.m = m;
+    c.codec = codec;
+    for (std::size_t k = 0; k < m; ++k) {
+      auto v = lcg_vector(n, static_cast<std::uint32_t>(12345 + k));
+      if (codec == Codec::fp32) {
+        c.fp32.push_back(std::move(v));
+      } else {
+        c.encoded.push_back(ddiloco::encode(codec, v));
+      }
+    }
+  }
+  return c;
+}
+
+double weight(std::size_t k) { return 1.0 + static_cast<double>(k % 7) * 0.5; }
+
+std::size_t min_round_bytes(std::size_t n, std::size_t m, Codec codec) {
+  return m * ddiloco::encoded_size(codec, n) + 4 * n + (m - 1) * 8 * n + 20 * n;
+}
+
+void set_rates(benchmark::State& state, std::size_t bytes, std::size_t items) {
+  const auto it = static_cast<std::int64_t>(state.iterations());
+  state.SetBytesProcessed(it * static_cast<std::int64_t>(bytes));
+  state.SetItemsProcessed(it * static_cast<std::int64_t>(items));
+}
+
+fast::Workers& workers(std::size_t threads) {
+  static std::map<std::size_t, std::unique_ptr<fast::Workers>> pool;
+  auto& w = pool[threads];
+  if (!w) w = std::make_unique<fast::Workers>(threads);
+  return *w;
+}
+
+// ---- machine bandwidth ----------------------------------------------------------
+
+/// STREAM triad a = b + s c over 2^25-float arrays (3 x 128 MiB), split over threads.
+void BM_Triad(benchmark::State& state) {
+  const auto n = std::size_t{1} << state.range(0);
+  const auto threads = static_cast<std::size_t>(state.range(1));
+  std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
+  auto& w = workers(threads);
+  for (auto _ : state) {
+    w.run([&](std::size_t p) {
+      const std::size_t lo = n * p / threads, hi = n * (p + 1) / threads;
+      float* __restrict__ pa = a.data();
+      const float* __restrict__ pb = b.data();
+      const float* __restrict__ pc = c.data();
+      for (std::size_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+    });
+    benchmark::DoNotOptimize(a.data());
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, 12 * n, n);
+}
+
+/// memcpy of 2^24 floats (64 MiB): 8n bytes moved.
+void BM_Memcpy(benchmark::State& state) {
+  const auto n = std::size_t{1} << state.range(0);
+  std::vector<float> src(n, 1.0f), dst(n, 0.0f);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), 4 * n);
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, 8 * n, n);
+}
+
+// ---- syncer: RDA merge of M contributions + Nesterov step ------------------------
+
+/// fast::RadialDirectional: reset, M adds (fp32 floats or encoded bytes), fused finish + Nesterov.
+template <Codec C>
+void BM_FastRound(benchmark::State& state) {
+  const auto n = std::size_t{1} << state.range(0);
+  const auto m = static_cast<std::size_t>(state.range(1));
+  const auto threads = static_cast<std::size_t>(state.range(2));
+  const auto layout = make_layout(n);
+  const auto& in = contributions(n, m, C);
+  auto acc = fast::RadialDirectional{&workers(threads)}.make_accumulator(layout);
+  const ddiloco::NesterovSGD opt;
+  std::vector<float> theta(n, 1.0f), momentum(n, 0.0f);
+  for (auto _ : state) {
+    acc.reset();
+    for (std::size_t k = 0; k < m; ++k) {
+      if constexpr (C == Codec::fp32) {
+        acc.add(in.fp32[k], weight(k));
+      } else {
+        acc.add_encoded(C, in.encoded[k], weight(k));
+      }
+    }
+    acc.finish_step(opt, 1.0f, theta, momentum);
+    benchmark::DoNotOptimize(theta.data());
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, min_round_bytes(n, m, C), n);
+}
+
+/// The readable reference: decode (int4) into a buffer, ddiloco::RadialDirectional
+/// adds, finish into delta, NesterovSGD::step.
+template <Codec C>
+void BM_ReferenceRound(benchmark::State& state) {
+  const auto n = std::size_t{1} << state.range(0);
+  const auto m = static_cast<std::size_t>(state.range(1));
+  const auto layout = make_layout(n);
+  const auto& in = contributions(n, m, C);
+  auto acc = ddiloco::RadialDirectional{}.make_accumulator(layout);
+  const ddiloco::NesterovSGD opt;
+  std::vector<float> theta(n, 1.0f), momentum(n, 0.0f), delta(n), decoded(C == Codec::fp32 ? 0 : n);
+  for (auto _ : state) {
+    acc.reset();
+    for (std::size_t k = 0; k < m; ++k) {
+      if constexpr (C == Codec::fp32) {
+        acc.add(in.fp32[k], weight(k));
+      } else {
+        ddiloco::decode(C, in.encoded[k], decoded);
+        acc.add(decoded, weight(k));
+      }
+    }
+    acc.finish(delta);
+    opt.step(theta, delta, momentum);
+    benchmark::DoNotOptimize(theta.data());
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, min_round_bytes(n, m, C), n);
+}
+
+// ---- learner side ---------------------------------------------------------------
+
+/// The due step: snapshot (copy) + outer gradient + encode, fused.
+template <Codec C>
+void BM_LearnerDueFast(benchmark::State& state) {
+  const auto n = std::size_t{1} << state.range(0);
+  const auto local = lcg_vector(n, 1), base = lcg_vector(n, 2);
+  std::vector<float> new_base(n);
+  std::vector<std::byte> out(ddiloco::encoded_size(C, n));
+  for (auto _ : state) {
+    fast::snapshot_outer_gradient(C, local, base, new_base, out);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, 12 * n + out.size(), n);
+}
+
+/// The same as OuterLoop::send_fragment + transport encode do it today: copy,
+/// subtract into a fresh vector, encode.
+template <Codec C>
+void BM_LearnerDueReference(benchmark::State& state) {
+  const auto n = std::size_t{1} << state.range(0);
+  const auto local = lcg_vector(n, 1), base = lcg_vector(n, 2);
+  std::vector<float> new_base(n);
+  std::vector<std::byte> out(ddiloco::encoded_size(C, n));
+  for (auto _ : state) {
+    std::copy(local.begin(), local.end(), new_base.begin());
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = base[i] - new_base[i];
+    ddiloco::encode(C, v, out);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, 12 * n + out.size(), n);
+}
+
+/// OuterLoop::step() with no fragment due, P = 24 fragments of 24 tensors,
+/// over the in-process transport on a virtual clock (time never moves, so no
+/// heartbeat is due either). H = 24 * 2^16: the first send is at step 2^16,
+/// so the fixed 60000 iterations never send.
+void BM_LearnerStepNothingDue(benchmark::State& state) {
+  using Flat = std::vector<float>;
+  constexpr std::size_t kP = 24;
+  std::vector<ddiloco::TensorSpec> specs;
+  for (std::size_t t = 0; t < kP; ++t) {
+    std::string name = std::to_string(t);  // (not "t" + ...: GCC 12's false -Wrestrict at -O3)
+    name.insert(name.begin(), 't');
+    specs.push_back({name, 1024, false});
+  }
+  const ddiloco::Plan plan = ddiloco::make_plan(specs, kP);
+  ddiloco::VirtualClock clock;
+  ddiloco::InProcessNetwork net(clock);
+  auto link = net.syncer();
+  ddiloco::SyncerConfig sc;
+  sc.quorum.min_quorum = 1;
+  ddiloco::Syncer<ddiloco::WeightedAverage, ddiloco::AverageOnly, ddiloco::UniformWeights> syncer(
+      plan, Flat(plan.total_numel(), 0.5f), clock, sc);
+  auto lt = net.learner(1);
+  ddiloco::OuterLoopConfig lc;
+  lc.id = 1;
+  lc.sync_every = kP << 16;
+  ddiloco::OuterLoop<ddiloco::InProcessLearnerTransport, Flat> outer(plan, lt, lc);
+  std::vector<Flat> params(kP, Flat(1024, 0.0f));
+  outer.begin_join(params);
+  ddiloco::Outbox out;
+  for (int i = 0; i < 16 && !outer.poll_join(params); ++i) {
+    while (auto msg = link.try_receive()) {
+      syncer.handle(*msg, out);
+      for (auto& o : out) link.send_to(o.to, std::move(o.message));
+      out.clear();
+    }
+  }
+  if (!outer.poll_join(params)) {
+    state.SkipWithError("the learner did not join");
+    return;
+  }
+  std::size_t sent = 0;
+  for (auto _ : state) {
+    const auto report = outer.step(params, 1);
+    sent += report.sent ? 1 : 0;
+  }
+  state.counters["sent"] = static_cast<double>(sent);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
+// Arguments: {log2 n, M, threads}.
+void headline(benchmark::internal::Benchmark* b) {
+  b->Args({24, 8, 1})->Args({24, 8, 2})->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+void size_scaling(benchmark::internal::Benchmark* b) {
+  for (int k = 16; k <= 26; k += 2) b->Args({k, 8, 1});
+  b->Args({25, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+void m_scaling(benchmark::internal::Benchmark* b) {
+  for (int m : {1, 2, 4, 8, 16, 32, 64}) b->Args({20, m, 1});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+}  // namespace
+
+BENCHMARK(BM_Triad)->Args({25, 1})->Args({25, 2})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Memcpy)->Arg(24)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_FastRound, Codec::fp32)->Apply(headline);
+BENCHMARK_TEMPLATE(BM_FastRound, Codec::int4)->Apply(headline);
+BENCHMARK_TEMPLATE(BM_ReferenceRound, Codec::fp32)->Args({24, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_ReferenceRound, Codec::int4)->Args({24, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_FastRound, Codec::fp32)->Name("BM_FastRound<fp32>/size")->Apply(size_scaling);
+BENCHMARK_TEMPLATE(BM_FastRound, Codec::fp32)->Name("BM_FastRound<fp32>/learners")->Apply(m_scaling);
+BENCHMARK_TEMPLATE(BM_LearnerDueFast, Codec::fp32)->Arg(24)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_LearnerDueFast, Codec::int4)->Arg(24)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_LearnerDueReference, Codec::fp32)->Arg(24)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_LearnerDueReference, Codec::int4)->Arg(24)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_LearnerStepNothingDue)->Iterations(60000)->Unit(benchmark::kNanosecond);
+
+BENCHMARK_MAIN();
