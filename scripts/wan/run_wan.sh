@@ -1,0 +1,241 @@
+#!/usr/bin/env bash
+# scripts/wan/run_wan.sh: Decoupled DiLoCo and a synchronous baseline over an
+# emulated multi-region WAN on one machine (issue 8).
+#
+# What it is: builds a syncer network namespace and N "region" namespaces
+# (default 4, one learner each). Each region reaches the syncer over its own
+# link: a pair of TUN devices (one in the region, one in the syncer namespace)
+# joined by a small relay process that holds every packet for RTT/2 in each
+# direction, with a `tc tbf` rate limit on the egress of both TUN ends (the
+# link's bandwidth per direction). Runs ddiloco_syncer / ddiloco_learner inside
+# the namespaces with `ip netns exec` for a grid of (RTT, rate, mode), collects
+# their logs and the syncer's status file, and writes one CSV row per run.
+#
+# Why a relay and not `tc netem`: the kernel this was written on has no
+# sch_netem (only tbf, htb, pfifo); the relay gives the same delay semantics on
+# real kernel TCP sockets (the end-to-end TCP connection sees the full RTT,
+# slow start and window growth included). If netem is present the script still
+# uses the relay, so results stay comparable across machines.
+#
+# What it is not: a packet-loss, jitter or congestion model, or a benchmark of
+# ZeroMQ. All addresses are private (10.77.0.0/24) and exist only inside the
+# namespaces it creates; nothing leaves the machine. Everything it creates is
+# removed on EXIT/INT/TERM. Without root, network-namespace or TUN/tbf support
+# it prints "wan: skipped: <why>" and exits 0.
+#
+# Usage: run_wan.sh --bin DIR [--out DIR] [--smoke] [--grid "RTT_MS:RATE ..."]
+#        [--modes "decoupled-fp32 decoupled-int4 sync"] [--learners N]
+#        [--steps-decoupled N] [--steps-sync N]
+#   RATE is a tc rate (50mbit, 100mbit, 1gbit) or "none" (no limit); the grid
+#   point "0:none" is the run without emulation (same namespaces, relay with no
+#   delay and no rate limit).
+set -u -o pipefail
+
+BIN="" OUT="" SMOKE=0 LEARNERS=4
+GRID="0:none 20:50mbit 20:100mbit 20:1gbit 50:100mbit 100:50mbit 100:100mbit 100:1gbit"
+MODES="decoupled-fp32 decoupled-int4 sync"
+STEPS_DEC=3000 STEPS_SYNC=60
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) BIN="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --smoke) SMOKE=1; shift ;;
+    --grid) GRID="$2"; shift 2 ;;
+    --modes) MODES="$2"; shift 2 ;;
+    --learners) LEARNERS="$2"; shift 2 ;;
+    --steps-decoupled) STEPS_DEC="$2"; shift 2 ;;
+    --steps-sync) STEPS_SYNC="$2"; shift 2 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    *) echo "run_wan.sh: unknown argument '$1'; see --help" >&2; exit 2 ;;
+  esac
+done
+if [ "$SMOKE" = 1 ]; then
+  GRID="50:100mbit" MODES="decoupled-int4 sync" STEPS_DEC=150 STEPS_SYNC=15 LEARNERS=2
+fi
+[ -n "$BIN" ] || { echo "run_wan.sh: --bin DIR (holding ddiloco_syncer and ddiloco_learner) is required" >&2; exit 2; }
+for p in ddiloco_syncer ddiloco_learner; do
+  [ -x "$BIN/$p" ] || { echo "run_wan.sh: $BIN/$p not found; build it first" >&2; exit 2; }
+done
+OUT="${OUT:-$(pwd)/wan-out}"
+mkdir -p "$OUT"
+
+skip() { echo "wan: skipped: $*"; exit 0; }
+[ "$(id -u)" = 0 ] || skip "needs root (network namespaces, TUN devices, tc)"
+command -v ip >/dev/null || skip "iproute2 'ip' not found"
+command -v tc >/dev/null || skip "iproute2 'tc' not found"
+command -v python3 >/dev/null || skip "python3 not found (the delay relay)"
+[ -c /dev/net/tun ] || skip "/dev/net/tun missing (no TUN support)"
+
+TAG="wan$$"
+NS_S="${TAG}s"
+PIDS=()
+NAMESPACES=()
+WORK="$(mktemp -d /tmp/ddiloco-wan.XXXXXX)"
+
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null; done
+  PIDS=()
+  local ns
+  for ns in "${NAMESPACES[@]}"; do ip netns del "$ns" 2>/dev/null; done
+  NAMESPACES=()
+}
+trap 'cleanup; rm -rf "$WORK"' EXIT
+trap 'echo "run_wan.sh: interrupted, cleaning up" >&2; exit 130' INT TERM
+
+ip netns add "${TAG}probe" 2>/dev/null || skip "cannot create a network namespace (ip netns add failed)"
+NAMESPACES+=("${TAG}probe")
+ip -n "${TAG}probe" tuntap add dev t0 mode tun 2>/dev/null || skip "cannot create a TUN device in a namespace"
+ip -n "${TAG}probe" link set t0 up
+ip netns exec "${TAG}probe" tc qdisc add dev t0 root tbf rate 100mbit burst 256kb limit 1mb 2>/dev/null ||
+  skip "tc qdisc tbf is not available in this kernel"
+cleanup
+
+# The relay: one process per link. Attaches to the region's TUN (in the region
+# namespace) and the syncer-side TUN, forwards each IP packet after `delay`
+# seconds, in FIFO order per direction (a constant delay keeps FIFO = due order).
+cat >"$WORK/relay.py" <<'PY'
+import ctypes, fcntl, os, select, struct, sys, time
+from collections import deque
+CLONE_NEWNET, TUNSETIFF, IFF_TUN, IFF_NO_PI = 0x40000000, 0x400454CA, 0x0001, 0x1000
+libc = ctypes.CDLL(None, use_errno=True)
+def tun_in(ns, name):
+    fd_ns = os.open("/var/run/netns/" + ns, os.O_RDONLY)
+    if libc.setns(fd_ns, CLONE_NEWNET) != 0:
+        sys.exit("relay: setns %s: errno %d" % (ns, ctypes.get_errno()))
+    os.close(fd_ns)
+    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
+    fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", name.encode(), IFF_TUN | IFF_NO_PI))
+    return fd
+ns_a, dev_a, ns_b, dev_b, delay = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
+a, b = tun_in(ns_a, dev_a), tun_in(ns_b, dev_b)
+queues = {a: deque(), b: deque()}   # packets read from fd, waiting to be written to the other
+other = {a: b, b: a}
+sys.stdout.write("ready\n"); sys.stdout.flush()
+while True:
+    now = time.monotonic()
+    for src, q in queues.items():
+        while q and q[0][0] <= now:
+            try:
+                os.write(other[src], q.popleft()[1])
+            except OSError:
+                pass  # the stack refused the packet: like a drop, TCP resends
+    due = [q[0][0] for q in queues.values() if q]
+    timeout = max(0.0, min(due) - time.monotonic()) if due else 1.0
+    ready, _, _ = select.select([a, b], [], [], timeout)
+    now = time.monotonic()
+    for fd in ready:
+        while True:
+            try:
+                pkt = os.read(fd, 70000)
+            except BlockingIOError:
+                break
+            queues[fd].append((now + delay, pkt))
+PY
+
+MTU=16000
+
+# net_up RTT_MS RATE: syncer namespace + LEARNERS regions, one relay each.
+net_up() {
+  local rtt_ms="$1" rate="$2" i ns delay
+  delay="$(python3 -c "print($rtt_ms / 2000.0)")"
+  ip netns add "$NS_S" && NAMESPACES+=("$NS_S") || return 1
+  ip -n "$NS_S" link set lo up
+  for ((i = 0; i < LEARNERS; i++)); do
+    ns="${TAG}r$i"
+    ip netns add "$ns" && NAMESPACES+=("$ns") || return 1
+    ip -n "$ns" link set lo up
+    ip -n "$ns" tuntap add dev wan0 mode tun || return 1
+    ip -n "$NS_S" tuntap add dev "r$i" mode tun || return 1
+    ip -n "$ns" link set wan0 mtu "$MTU" up
+    ip -n "$NS_S" link set "r$i" mtu "$MTU" up
+    ip -n "$ns" addr add "10.77.0.$((10 + i))/32" dev wan0
+    ip -n "$ns" route add 10.77.0.1/32 dev wan0
+    ip -n "$NS_S" addr add 10.77.0.1/32 dev "r$i" 2>/dev/null
+    ip -n "$NS_S" route add "10.77.0.$((10 + i))/32" dev "r$i"
+    if [ "$rate" != none ]; then
+      # burst: 5 ms at the rate, at least 4 packets; queue: 2 bandwidth-delay products + 1 MB.
+      local bps burst limit
+      bps="$(python3 -c "
+import re; m = re.fullmatch(r'(\d+)(k|m|g)bit', '$rate'); print(int(m[1]) * {'k': 1e3, 'm': 1e6, 'g': 1e9}[m[2]])")"
+      burst="$(python3 -c "print(max(int($bps / 8 * 0.005), 4 * $MTU))")"
+      limit="$(python3 -c "print(int(2 * $bps / 8 * max($rtt_ms, 1) / 1000 + 1e6))")"
+      ip netns exec "$ns" tc qdisc add dev wan0 root tbf rate "$rate" burst "$burst" limit "$limit" || return 1
+      ip netns exec "$NS_S" tc qdisc add dev "r$i" root tbf rate "$rate" burst "$burst" limit "$limit" || return 1
+    fi
+    python3 "$WORK/relay.py" "$ns" wan0 "$NS_S" "r$i" "$delay" >"$WORK/relay$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  for ((i = 0; i < LEARNERS; i++)); do
+    for _ in $(seq 100); do grep -q ready "$WORK/relay$i.log" 2>/dev/null && break; sleep 0.05; done
+    grep -q ready "$WORK/relay$i.log" || { echo "run_wan.sh: relay $i failed: $(cat "$WORK/relay$i.log")" >&2; return 1; }
+  done
+}
+
+# run_mode MODE RTT RATE: one syncer + LEARNERS learners; appends a CSV row.
+run_mode() {
+  local mode="$1" rtt="$2" rate="$3" i
+  local dir="$OUT/logs/${mode}_rtt${rtt}_${rate}"
+  rm -rf "$dir"; mkdir -p "$dir"
+  local sflags lflags steps codec=fp32
+  case "$mode" in
+    decoupled-*)
+      codec="${mode#decoupled-}"
+      steps="$STEPS_DEC"
+      sflags="--fragments 5 --sync-every 24 --overlap 2 --quorum 1 --outer-momentum 0.5"
+      lflags="--fragments 5 --sync-every 24 --overlap 2 --codec $codec" ;;
+    sync)
+      # Synchronous baseline: every step exchanges the full model delta; the
+      # syncer averages all learners' deltas (K = all) and returns the average.
+      steps="$STEPS_SYNC"
+      sflags="--fragments 1 --sync-every 1 --overlap 0 --quorum $LEARNERS --merge average --outer-optimizer average --grace-gamma 0"
+      lflags="--fragments 1 --sync-every 1 --overlap 0 --codec fp32 --lock-step --lock-step-timeout-ms 20000" ;;
+    *) echo "run_wan.sh: unknown mode '$mode'" >&2; return 1 ;;
+  esac
+  # shellcheck disable=SC2086
+  ip netns exec "$NS_S" "$BIN/ddiloco_syncer" --reference-model --plaintext --bind tcp://10.77.0.1:5555 \
+    $sflags --status-file "$dir/status" --status-every-ms 1000 >"$dir/syncer.log" 2>&1 &
+  local spid=$!
+  PIDS+=("$spid")
+  sleep 0.5
+  local t0 t1 lpids=()
+  t0="$(date +%s.%N)"
+  for ((i = 0; i < LEARNERS; i++)); do
+    # shellcheck disable=SC2086
+    ip netns exec "${TAG}r$i" "$BIN/ddiloco_learner" --connect tcp://10.77.0.1:5555 --plaintext --id "$i" \
+      --shard "$i" --shards "$LEARNERS" --steps "$steps" $lflags --eval-every "$steps" --eval-examples 64 \
+      --join-timeout-ms 30000 >"$dir/learner$i.log" 2>&1 &
+    lpids+=($!)
+    PIDS+=($!)
+  done
+  local ok=1
+  for i in "${!lpids[@]}"; do wait "${lpids[$i]}" || ok=0; done
+  t1="$(date +%s.%N)"
+  kill -TERM "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+  PIDS=("${PIDS[@]:0:${#PIDS[@]}-$((LEARNERS + 1))}")
+  # tokens/s of each learner (its last progress line); steps/s = tokens/s / batch (32).
+  local tps
+  tps="$(for ((i = 0; i < LEARNERS; i++)); do
+    grep -o 'tokens/s [0-9.]*' "$dir/learner$i.log" | tail -1 | awk '{print $2}'; done | paste -sd' ')"
+  local params
+  params="$(grep -o '[0-9]* parameters' "$dir/learner0.log" | head -1 | awk '{print $1}')"
+  local bin bout merges
+  bin="$(sed -n 's/^bytes_in=//p' "$dir/status" 2>/dev/null)"
+  bout="$(sed -n 's/^bytes_out=//p' "$dir/status" 2>/dev/null)"
+  merges="$(sed -n 's/^merges=//p' "$dir/status" 2>/dev/null)"
+  echo "$mode,$rtt,$rate,$LEARNERS,$steps,$codec,${params:-0},$(echo "$tps" | tr ' ' ';'),$(python3 -c "print(f'{$t1 - $t0:.3f}')"),${bin:-0},${bout:-0},${merges:-0},$ok" >>"$OUT/wan.csv"
+  echo "wan: $mode rtt=${rtt}ms rate=$rate tokens/s per learner: $tps merges=${merges:-?} bytes_in=${bin:-?} bytes_out=${bout:-?} ok=$ok"
+  [ "$ok" = 1 ] && [ "${merges:-0}" -gt 0 ]
+}
+
+echo "mode,rtt_ms,rate,learners,steps,codec,params,tokens_per_s,wall_s,bytes_in,bytes_out,merges,ok" >"$OUT/wan.csv"
+status=0
+for point in $GRID; do
+  rtt="${point%%:*}" rate="${point#*:}"
+  net_up "$rtt" "$rate" || { echo "run_wan.sh: network setup failed for $point" >&2; status=1; cleanup; continue; }
+  for mode in $MODES; do run_mode "$mode" "$rtt" "$rate" || status=1; done
+  cleanup
+done
+echo "wan: results in $OUT/wan.csv"
+exit "$status"
