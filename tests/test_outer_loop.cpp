@@ -80,6 +80,9 @@ SyncerConfig one_per_round() {
   SyncerConfig c;
   c.quorum.min_quorum = 1;
   c.quorum.grace = false;
+  // Merges here hold one of several joined learners; the hand-computed values
+  // assume the merged outer gradient is applied whole.
+  c.participation_scaling = false;
   return c;
 }
 

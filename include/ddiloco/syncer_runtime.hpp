@@ -88,7 +88,9 @@ class SyncerRuntime {
       if (auto wake = syncer_->next_wakeup(); wake && *wake < deadline) deadline = *wake;
       if (auto m = transport_->receive_until(deadline)) {
         if (m->type == MessageType::contribution) {
-          pool_.submit([this, msg = std::move(*m)] {
+          // Keyed by fragment: one fragment's contributions are handled in arrival order.
+          const std::size_t key = m->fragment;
+          pool_.submit(key, [this, msg = std::move(*m)] {
             Outbox local;
             syncer_->handle(msg, local);
             flush(local);
@@ -102,7 +104,7 @@ class SyncerRuntime {
       const TimePoint now = clock.now();
       for (std::size_t p : syncer_->due_fragments(now)) {
         if (scheduled_[p].exchange(true)) continue;  // a merge task for p is already queued
-        pool_.submit([this, p] {
+        pool_.submit(p, [this, p] {
           scheduled_[p].store(false);
           Outbox local;
           syncer_->merge_if_due(p, local);

@@ -1,8 +1,14 @@
 // ddiloco/detail/thread_pool.hpp: a small fixed-size worker pool.
 //
-// What it is: N threads draining one FIFO of tasks; `wait_idle()` blocks until
-// every submitted task has finished. With N = 0 tasks run inline in submit(),
-// which single-threaded deterministic drivers rely on.
+// What it is: N threads, each draining its own FIFO of tasks. `submit(key,
+// task)` sends every task with the same key to the same worker, so tasks of
+// one key run one at a time and in submission order (the syncer keys by
+// fragment: two contributions of one learner to one fragment are handled in
+// the order they arrived; with one shared queue two workers could take them
+// concurrently and the later one could win, rejecting the earlier as a
+// duplicate). `wait_idle()` blocks until every submitted task has finished.
+// With N = 0 tasks run inline in submit(), which single-threaded
+// deterministic drivers rely on.
 // What it is not: a work-stealing scheduler or a future/promise library.
 // Exceptions escaping a task are caught and counted; the pool keeps running.
 #pragma once
@@ -12,6 +18,7 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -21,44 +28,63 @@ namespace ddiloco::detail {
 class ThreadPool {
  public:
   explicit ThreadPool(std::size_t threads) {
+    queues_.reserve(threads);
+    for (std::size_t i = 0; i < threads; ++i) queues_.push_back(std::make_unique<Queue>());
     workers_.reserve(threads);
-    for (std::size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+    for (std::size_t i = 0; i < threads; ++i) workers_.emplace_back([this, i] { work(*queues_[i]); });
   }
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
   ~ThreadPool() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
+    for (auto& q : queues_) {
+      {
+        std::lock_guard lock(q->mutex);
+        q->stopping = true;
+      }
+      q->ready.notify_all();
     }
-    ready_.notify_all();
     for (auto& w : workers_) w.join();
   }
 
   [[nodiscard]] std::size_t size() const noexcept { return workers_.size(); }
 
-  void submit(std::function<void()> task) {
+  /// Runs `task` on the worker of `key` (inline when the pool has no workers).
+  void submit(std::size_t key, std::function<void()> task) {
     if (workers_.empty()) {
       run(task);
       return;
     }
     {
-      std::lock_guard lock(mutex_);
-      tasks_.push_back(std::move(task));
+      std::lock_guard lock(idle_mutex_);
       ++pending_;
     }
-    ready_.notify_one();
+    Queue& q = *queues_[key % queues_.size()];
+    {
+      std::lock_guard lock(q.mutex);
+      q.tasks.push_back(std::move(task));
+    }
+    q.ready.notify_one();
   }
+
+  /// Runs `task` on the next worker in turn.
+  void submit(std::function<void()> task) { submit(next_.fetch_add(1), std::move(task)); }
 
   /// Blocks until every task submitted so far has finished.
   void wait_idle() {
-    std::unique_lock lock(mutex_);
+    std::unique_lock lock(idle_mutex_);
     idle_.wait(lock, [this] { return pending_ == 0; });
   }
 
   [[nodiscard]] std::size_t failures() const noexcept { return failures_.load(); }
 
  private:
+  struct Queue {
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<std::function<void()>> tasks;
+    bool stopping = false;
+  };
+
   void run(std::function<void()>& task) {
     try {
       task();
@@ -67,29 +93,29 @@ class ThreadPool {
     }
   }
 
-  void work() {
+  void work(Queue& q) {
     for (;;) {
       std::function<void()> task;
       {
-        std::unique_lock lock(mutex_);
-        ready_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;  // stopping and drained
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
+        std::unique_lock lock(q.mutex);
+        q.ready.wait(lock, [&q] { return q.stopping || !q.tasks.empty(); });
+        if (q.tasks.empty()) return;  // stopping and drained
+        task = std::move(q.tasks.front());
+        q.tasks.pop_front();
       }
       run(task);
       {
-        std::lock_guard lock(mutex_);
+        std::lock_guard lock(idle_mutex_);
         if (--pending_ == 0) idle_.notify_all();
       }
     }
   }
 
-  std::mutex mutex_;
-  std::condition_variable ready_, idle_;
-  std::deque<std::function<void()>> tasks_;
+  std::vector<std::unique_ptr<Queue>> queues_;
+  std::mutex idle_mutex_;
+  std::condition_variable idle_;
   std::size_t pending_ = 0;
-  bool stopping_ = false;
+  std::atomic<std::size_t> next_{0};
   std::atomic<std::size_t> failures_{0};
   std::vector<std::thread> workers_;
 };
