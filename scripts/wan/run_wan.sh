@@ -34,7 +34,7 @@ set -u -o pipefail
 BIN="" OUT="" SMOKE=0 LEARNERS=4
 GRID="0:none 20:50mbit 20:100mbit 20:1gbit 50:100mbit 100:50mbit 100:100mbit 100:1gbit"
 MODES="decoupled-fp32 decoupled-int4 sync"
-STEPS_DEC=3000 STEPS_SYNC=60
+STEPS_DEC=3000 STEPS_SYNC=100
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN="$2"; shift 2 ;;
@@ -204,7 +204,7 @@ run_mode() {
   for ((i = 0; i < LEARNERS; i++)); do
     # shellcheck disable=SC2086
     ip netns exec "${TAG}r$i" "$BIN/ddiloco_learner" --connect tcp://10.77.0.1:5555 --plaintext --id "$i" \
-      --shard "$i" --shards "$LEARNERS" --steps "$steps" $lflags --eval-every "$steps" --eval-examples 64 \
+      --shard "$i" --shards "$LEARNERS" --steps "$steps" $lflags --eval-every "$((steps / 5))" --eval-examples 64 \
       --join-timeout-ms 30000 >"$dir/learner$i.log" 2>&1 &
     lpids+=($!)
     PIDS+=($!)
@@ -218,18 +218,31 @@ run_mode() {
   local tps
   tps="$(for ((i = 0; i < LEARNERS; i++)); do
     grep -o 'tokens/s [0-9.]*' "$dir/learner$i.log" | tail -1 | awk '{print $2}'; done | paste -sd' ')"
+  # Steady-state steps/s of each learner: between its first and last progress
+  # line (a line at step s with cumulative tokens/s r was printed s * 32 / r
+  # seconds after its join), so the joins and the first round are excluded.
+  local steady
+  steady="$(for ((i = 0; i < LEARNERS; i++)); do
+    awk '/ step [0-9]+ train / { for (k = 1; k <= NF; ++k) { if ($k == "step") s = $(k + 1); if ($k == "tokens/s") r = $(k + 1) }
+           t = s * 32 / r; if (n++ == 0) { s0 = s; t0 = t } else { s1 = s; t1 = t } }
+         END { if (n > 1) printf "%.2f\n", (s1 - s0) / (t1 - t0); else print 0 }' "$dir/learner$i.log"; done | paste -sd';')"
+  local sends applies
+  sends="$(for f in "$dir"/learner*.log; do grep -o ' sends [0-9]*' "$f" | tail -1; done | awk '{n += $2} END {print n + 0}')"
+  applies="$(for f in "$dir"/learner*.log; do grep -o ' applies [0-9]*' "$f" | tail -1; done | awk '{n += $2} END {print n + 0}')"
   local params
   params="$(grep -o '[0-9]* parameters' "$dir/learner0.log" | head -1 | awk '{print $1}')"
   local bin bout merges
   bin="$(sed -n 's/^bytes_in=//p' "$dir/status" 2>/dev/null)"
   bout="$(sed -n 's/^bytes_out=//p' "$dir/status" 2>/dev/null)"
   merges="$(sed -n 's/^merges=//p' "$dir/status" 2>/dev/null)"
-  echo "$mode,$rtt,$rate,$LEARNERS,$steps,$codec,${params:-0},$(echo "$tps" | tr ' ' ';'),$(python3 -c "print(f'{$t1 - $t0:.3f}')"),${bin:-0},${bout:-0},${merges:-0},$ok" >>"$OUT/wan.csv"
-  echo "wan: $mode rtt=${rtt}ms rate=$rate tokens/s per learner: $tps merges=${merges:-?} bytes_in=${bin:-?} bytes_out=${bout:-?} ok=$ok"
+  local stale
+  stale="$(sed -n 's/^rejected_stale=//p' "$dir/status" 2>/dev/null)"
+  echo "$mode,$rtt,$rate,$LEARNERS,$steps,$codec,${params:-0},$(echo "$tps" | tr ' ' ';'),$(python3 -c "print(f'{$t1 - $t0:.3f}')"),${bin:-0},${bout:-0},${merges:-0},$ok,$steady,$sends,$applies,${stale:-0}" >>"$OUT/wan.csv"
+  echo "wan: $mode rtt=${rtt}ms rate=$rate tokens/s per learner: $tps steady steps/s: $steady merges=${merges:-?} bytes_in=${bin:-?} bytes_out=${bout:-?} ok=$ok"
   [ "$ok" = 1 ] && [ "${merges:-0}" -gt 0 ]
 }
 
-echo "mode,rtt_ms,rate,learners,steps,codec,params,tokens_per_s,wall_s,bytes_in,bytes_out,merges,ok" >"$OUT/wan.csv"
+echo "mode,rtt_ms,rate,learners,steps,codec,params,tokens_per_s,wall_s,bytes_in,bytes_out,merges,ok,steady_steps_per_s,sends,applies,rejected_stale" >"$OUT/wan.csv"
 status=0
 for point in $GRID; do
   rtt="${point%%:*}" rate="${point#*:}"

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""scripts/wan/plot_wan.py: table, plot and bandwidth-model comparison of run_wan.sh results.
+
+What it is: reads the CSV written by scripts/wan/run_wan.sh and writes
+  <out>/wan.md   the throughput table (steps/s per learner, relative to the
+                 no-emulation run of the same mode, Decoupled / synchronous
+                 speedup) and the measured-vs-model bandwidth table;
+  <out>/wan.svg  a plot of relative throughput per link, and wan.png from it
+                 when ImageMagick `convert` is on PATH.
+What it is not: a statistics tool. Each grid point is one run; the machine is
+shared, so read differences below ~10 % as noise.
+
+The bandwidth model is include/ddiloco/sim/bandwidth.hpp, Method::decoupled,
+mirrored here (one line; keep the two in step):
+    c = params / P * bits / bandwidth + latency        (one fragment's transfer)
+    utilisation = min(1, H T / (P c))
+and its implied upload rate per learner, params * bits / (H T) bits/s, for a
+learner that never stalls. Standard library only (no numpy / matplotlib).
+"""
+import csv
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+BATCH = 32  # tokens per inner step of the reference trainer (TrainerConfig::batch_size)
+H, P = 24, 5  # Decoupled runs of run_wan.sh
+BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "int4": 4}
+RATE_BPS = {"none": None, "50mbit": 50e6, "100mbit": 100e6, "1gbit": 1e9}
+
+
+def model_utilisation(params, bits, step_s, bps, latency_s):
+    """bandwidth.hpp, compute_utilisation(Method::decoupled, ...) with P, H as run."""
+    if bps is None:
+        return 1.0
+    c = params / P * bits / bps + latency_s
+    return min(1.0, H * step_s / (P * c))
+
+
+def load(path):
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            tps = [float(x) for x in r["tokens_per_s"].split(";") if x]
+            r["steps_per_s"] = sum(tps) / len(tps) / BATCH if tps else 0.0
+            n, steps, params = int(r["learners"]), int(r["steps"]), int(r["params"])
+            # training time of the slowest learner (its tokens/s counts from its join)
+            r["train_s"] = max(steps * BATCH / t for t in tps) if tps else float("nan")
+            join_bytes = n * params * 4  # one fp32 full state per learner
+            r["in_Bps"] = int(r["bytes_in"]) / r["train_s"]
+            r["out_Bps"] = max(0, int(r["bytes_out"]) - join_bytes) / r["train_s"]
+            r["rtt_ms"] = int(r["rtt_ms"])
+            rows.append(r)
+    return rows
+
+
+def link_name(r):
+    return "none" if r["rate"] == "none" and r["rtt_ms"] == 0 else f'{r["rtt_ms"]} ms / {r["rate"]}'
+
+
+def tables(rows):
+    modes = sorted({r["mode"] for r in rows}, key=lambda m: (m == "sync", m))
+    links = []
+    for r in rows:
+        key = (r["rtt_ms"], r["rate"])
+        if key not in links:
+            links.append(key)
+    by = {(r["mode"], r["rtt_ms"], r["rate"]): r for r in rows}
+    base = {m: by.get((m, 0, "none")) for m in modes}
+    out = ["| link (RTT / rate) | " + " | ".join(f"{m} steps/s (rel.)" for m in modes)
+           + " | speedup fp32 / sync | speedup int4 / sync |",
+           "|---" * (len(modes) + 3) + "|"]
+    plot = []
+    for rtt, rate in links:
+        cells = []
+        for m in modes:
+            r = by.get((m, rtt, rate))
+            if r is None:
+                cells.append("-")
+                continue
+            rel = r["steps_per_s"] / base[m]["steps_per_s"] if base[m] else float("nan")
+            cells.append(f'{r["steps_per_s"]:.1f} ({rel:.0%})' + ("" if r["ok"] == "1" else " FAILED"))
+            plot.append((m, f"{rtt} ms / {rate}" if rate != "none" else "none", rel))
+        s = by.get(("sync", rtt, rate))
+        sp = []
+        for m in ("decoupled-fp32", "decoupled-int4"):
+            d = by.get((m, rtt, rate))
+            sp.append(f'{d["steps_per_s"] / s["steps_per_s"]:.1f}x' if d and s and s["steps_per_s"] else "-")
+        out.append(f'| {"none" if rate == "none" else f"{rtt} ms / {rate}"} | ' + " | ".join(cells)
+                   + " | " + " | ".join(sp) + " |")
+
+    # Bandwidth: measured vs bandwidth.hpp.
+    bw = ["| mode | link | steps/s | up MB/s (all learners) | model up MB/s | down MB/s | "
+          "model util. (latency per fragment) | model util. (no latency) | measured rel. |",
+          "|---" * 9 + "|"]
+    for r in rows:
+        if not r["mode"].startswith("decoupled"):
+            continue
+        n, params, bits = int(r["learners"]), int(r["params"]), BITS[r["codec"]]
+        b = base.get(r["mode"])
+        t0 = 1.0 / b["steps_per_s"] if b else float("nan")  # step time without emulation
+        t = 1.0 / r["steps_per_s"]
+        model_up = n * params * bits / 8 / (H * t)  # bytes/s at the measured step rate
+        bps = RATE_BPS[r["rate"]]
+        u_lat = model_utilisation(params, bits, t0, bps, r["rtt_ms"] / 2000)
+        u_bw = model_utilisation(params, bits, t0, bps, 0.0)
+        rel = r["steps_per_s"] / b["steps_per_s"] if b else float("nan")
+        bw.append(f'| {r["mode"]} | {"none" if r["rate"] == "none" else f"{r["rtt_ms"]} ms / {r["rate"]}"} | '
+                  f'{r["steps_per_s"]:.1f} | {r["in_Bps"] / 1e6:.2f} | {model_up / 1e6:.2f} | '
+                  f'{r["out_Bps"] / 1e6:.2f} | {u_lat:.2f} | {u_bw:.2f} | {rel:.2f} |')
+    return out, bw, plot, modes
+
+
+def svg(plot, modes, path):
+    links = []
+    for _, l, _ in plot:
+        if l not in links:
+            links.append(l)
+    colors = {"decoupled-fp32": "#1f77b4", "decoupled-int4": "#2ca02c", "sync": "#d62728"}
+    W, Hh, left, bottom, top = 900, 420, 60, 90, 30
+    gw = (W - left - 20) / max(1, len(links))
+    bwid = gw * 0.8 / max(1, len(modes))
+    ymax = max(1.2, max((v for _, _, v in plot), default=1.0) * 1.05)
+    y = lambda v: top + (Hh - top - bottom) * (1 - v / ymax)
+    s = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{Hh}" font-family="sans-serif" '
+         f'font-size="11"><rect width="100%" height="100%" fill="white"/>',
+         f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="13">Learner steps/s relative to the run '
+         f'without emulation (4 learners, one per region)</text>']
+    for k in range(0, int(ymax * 10) + 1, 2):
+        v = k / 10
+        s.append(f'<line x1="{left}" x2="{W - 20}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>'
+                 f'<text x="{left - 5}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.1f}</text>')
+    s.append(f'<line x1="{left}" x2="{W - 20}" y1="{y(0.9):.1f}" y2="{y(0.9):.1f}" stroke="#888" '
+             f'stroke-dasharray="4 3"/><text x="{W - 22}" y="{y(0.9) - 3:.1f}" text-anchor="end">90 %</text>')
+    for i, l in enumerate(links):
+        x0 = left + i * gw + gw * 0.1
+        for j, m in enumerate(modes):
+            v = next((v for mm, ll, v in plot if mm == m and ll == l), None)
+            if v is None:
+                continue
+            x = x0 + j * bwid
+            s.append(f'<rect x="{x:.1f}" y="{y(v):.1f}" width="{bwid - 2:.1f}" height="{y(0) - y(v):.1f}" '
+                     f'fill="{colors.get(m, "#999")}"/>')
+        s.append(f'<text x="{left + i * gw + gw / 2:.1f}" y="{Hh - bottom + 16}" text-anchor="middle">{l}</text>')
+    for j, m in enumerate(modes):
+        s.append(f'<rect x="{left + j * 160}" y="{Hh - 40}" width="12" height="12" fill="{colors.get(m, "#999")}"/>'
+                 f'<text x="{left + j * 160 + 16}" y="{Hh - 30}">{m}</text>')
+    s.append("</svg>")
+    path.write_text("\n".join(s) + "\n")
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: plot_wan.py WAN_CSV OUT_DIR")
+    rows = load(sys.argv[1])
+    out_dir = Path(sys.argv[2])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    thr, bw, plot, modes = tables(rows)
+    (out_dir / "wan.md").write_text("## Throughput\n\n" + "\n".join(thr) + "\n\n## Bandwidth: measured vs "
+                                    "include/ddiloco/sim/bandwidth.hpp\n\n" + "\n".join(bw) + "\n")
+    svg(plot, modes, out_dir / "wan.svg")
+    if shutil.which("convert"):
+        subprocess.run(["convert", str(out_dir / "wan.svg"), str(out_dir / "wan.png")], check=False)
+    print((out_dir / "wan.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
