@@ -5,8 +5,8 @@ What it is: reads the CSV written by scripts/wan/run_wan.sh and writes
   <out>/wan.md   the throughput table (steps/s per learner, relative to the
                  no-emulation run of the same mode, Decoupled / synchronous
                  speedup) and the measured-vs-model bandwidth table;
-  <out>/wan.svg  a plot of relative throughput per link, and wan.png from it
-                 when ImageMagick `convert` is on PATH.
+  <out>/wan.svg, <out>/wan.png  a plot of relative throughput per link (the
+                 PNG is drawn here with a built-in 5x7 font: no plotting package).
 What it is not: a statistics tool. Each grid point is one run; the machine is
 shared, so read differences below ~10 % as noise.
 
@@ -18,9 +18,9 @@ and its implied upload rate per learner, params * bits / (H T) bits/s, for a
 learner that never stalls. Standard library only (no numpy / matplotlib).
 """
 import csv
-import shutil
-import subprocess
+import struct
 import sys
+import zlib
 from pathlib import Path
 
 BATCH = 32  # tokens per inner step of the reference trainer (TrainerConfig::batch_size)
@@ -37,12 +37,23 @@ def model_utilisation(params, bits, step_s, bps, latency_s):
     return min(1.0, H * step_s / (P * c))
 
 
+def sync_estimate(params, cycle0_s, rtt_ms, bps):
+    """Steps/s of the lock-step baseline: it exchanges the full fp32 model every
+    second step (see docs/wan.md), so two steps take the no-emulation time of two
+    steps plus the added round trip and the serialisation of S bytes up and S down.
+    """
+    added = rtt_ms / 1000 + (0 if bps is None else 2 * params * 32 / bps)
+    return 2 / (2 * cycle0_s + added)
+
+
 def load(path):
     rows = []
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
             tps = [float(x) for x in r["tokens_per_s"].split(";") if x]
-            r["steps_per_s"] = sum(tps) / len(tps) / BATCH if tps else 0.0
+            steady = [float(x) for x in r["steady_steps_per_s"].split(";") if x]
+            # steady state: between each learner's first and last progress line
+            r["steps_per_s"] = sum(steady) / len(steady) if steady else 0.0
             n, steps, params = int(r["learners"]), int(r["steps"]), int(r["params"])
             # training time of the slowest learner (its tokens/s counts from its join)
             r["train_s"] = max(steps * BATCH / t for t in tps) if tps else float("nan")
@@ -55,7 +66,7 @@ def load(path):
 
 
 def link_name(r):
-    return "none" if r["rate"] == "none" and r["rtt_ms"] == 0 else f'{r["rtt_ms"]} ms / {r["rate"]}'
+    return "none" if r["rate"] == "none" else f'{r["rtt_ms"]} ms / {r["rate"]}'
 
 
 def tables(rows):
@@ -68,8 +79,8 @@ def tables(rows):
     by = {(r["mode"], r["rtt_ms"], r["rate"]): r for r in rows}
     base = {m: by.get((m, 0, "none")) for m in modes}
     out = ["| link (RTT / rate) | " + " | ".join(f"{m} steps/s (rel.)" for m in modes)
-           + " | speedup fp32 / sync | speedup int4 / sync |",
-           "|---" * (len(modes) + 3) + "|"]
+           + " | speedup fp32 / sync | speedup int4 / sync | sync estimate steps/s |",
+           "|---" * (len(modes) + 4) + "|"]
     plot = []
     for rtt, rate in links:
         cells = []
@@ -86,13 +97,16 @@ def tables(rows):
         for m in ("decoupled-fp32", "decoupled-int4"):
             d = by.get((m, rtt, rate))
             sp.append(f'{d["steps_per_s"] / s["steps_per_s"]:.1f}x' if d and s and s["steps_per_s"] else "-")
+        est = "-"
+        if s and base.get("sync"):
+            est = f'{sync_estimate(int(s["params"]), 1 / base["sync"]["steps_per_s"], rtt, RATE_BPS[rate]):.1f}'
         out.append(f'| {"none" if rate == "none" else f"{rtt} ms / {rate}"} | ' + " | ".join(cells)
-                   + " | " + " | ".join(sp) + " |")
+                   + " | " + " | ".join(sp) + f" | {est} |")
 
     # Bandwidth: measured vs bandwidth.hpp.
     bw = ["| mode | link | steps/s | up MB/s (all learners) | model up MB/s | down MB/s | "
-          "model util. (latency per fragment) | model util. (no latency) | measured rel. |",
-          "|---" * 9 + "|"]
+          "model util. (latency per fragment) | model util. (no latency) | measured rel. | applies / sends | stale |",
+          "|---" * 11 + "|"]
     for r in rows:
         if not r["mode"].startswith("decoupled"):
             continue
@@ -105,9 +119,10 @@ def tables(rows):
         u_lat = model_utilisation(params, bits, t0, bps, r["rtt_ms"] / 2000)
         u_bw = model_utilisation(params, bits, t0, bps, 0.0)
         rel = r["steps_per_s"] / b["steps_per_s"] if b else float("nan")
-        bw.append(f'| {r["mode"]} | {"none" if r["rate"] == "none" else f"{r["rtt_ms"]} ms / {r["rate"]}"} | '
+        bw.append(f'| {r["mode"]} | {link_name(r)} | '
                   f'{r["steps_per_s"]:.1f} | {r["in_Bps"] / 1e6:.2f} | {model_up / 1e6:.2f} | '
-                  f'{r["out_Bps"] / 1e6:.2f} | {u_lat:.2f} | {u_bw:.2f} | {rel:.2f} |')
+                  f'{r["out_Bps"] / 1e6:.2f} | {u_lat:.2f} | {u_bw:.2f} | {rel:.2f} | '
+                  f'{int(r["applies"]) / max(1, int(r["sends"])):.2f} | {r["rejected_stale"]} |')
     return out, bw, plot, modes
 
 
@@ -149,6 +164,128 @@ def svg(plot, modes, path):
     path.write_text("\n".join(s) + "\n")
 
 
+# --- PNG without third-party packages: a bar chart drawn into an RGB buffer
+# with a 5x7 bitmap font (lower case, digits, a little punctuation).
+# 5x7 glyphs, rows top to bottom, '#' = ink
+GLYPHS = {
+'a':[".....",".....",".###.","....#",".####","#...#",".####"],
+'b':["#....","#....","####.","#...#","#...#","#...#","####."],
+'c':[".....",".....",".###.","#....","#....","#...#",".###."],
+'d':["....#","....#",".####","#...#","#...#","#...#",".####"],
+'e':[".....",".....",".###.","#...#","#####","#....",".###."],
+'f':["..##.",".#..#",".#...","###..",".#...",".#...",".#..."],
+'g':[".....",".####","#...#","#...#",".####","....#",".###."],
+'h':["#....","#....","#.##.","##..#","#...#","#...#","#...#"],
+'i':["..#..",".....",".##..","..#..","..#..","..#..",".###."],
+'j':["...#.",".....","..##.","...#.","...#.","#..#.",".##.."],
+'k':["#....","#....","#..#.","#.#..","##...","#.#..","#..#."],
+'l':[".##..","..#..","..#..","..#..","..#..","..#..",".###."],
+'m':[".....",".....","##.#.","#.#.#","#.#.#","#...#","#...#"],
+'n':[".....",".....","#.##.","##..#","#...#","#...#","#...#"],
+'o':[".....",".....",".###.","#...#","#...#","#...#",".###."],
+'p':[".....",".....","####.","#...#","####.","#....","#...."],
+'q':[".....",".....",".####","#...#",".####","....#","....#"],
+'r':[".....",".....","#.##.","##..#","#....","#....","#...."],
+'s':[".....",".....",".####","#....",".###.","....#","####."],
+'t':[".#...",".#...","###..",".#...",".#...",".#..#","..##."],
+'u':[".....",".....","#...#","#...#","#...#","#..##",".##.#"],
+'v':[".....",".....","#...#","#...#","#...#",".#.#.","..#.."],
+'w':[".....",".....","#...#","#...#","#.#.#","#.#.#",".#.#."],
+'x':[".....",".....","#...#",".#.#.","..#..",".#.#.","#...#"],
+'y':[".....",".....","#...#","#...#",".####","....#",".###."],
+'z':[".....",".....","#####","...#.","..#..",".#...","#####"],
+'0':[".###.","#...#","#..##","#.#.#","##..#","#...#",".###."],
+'1':["..#..",".##..","..#..","..#..","..#..","..#..",".###."],
+'2':[".###.","#...#","....#","...#.","..#..",".#...","#####"],
+'3':["#####","...#.","..#..","...#.","....#","#...#",".###."],
+'4':["...#.","..##.",".#.#.","#..#.","#####","...#.","...#."],
+'5':["#####","#....","####.","....#","....#","#...#",".###."],
+'6':["..##.",".#...","#....","####.","#...#","#...#",".###."],
+'7':["#####","....#","...#.","..#..",".#...",".#...",".#..."],
+'8':[".###.","#...#","#...#",".###.","#...#","#...#",".###."],
+'9':[".###.","#...#","#...#",".####","....#","...#.",".##.."],
+' ':["....."]*7,
+'.':[".....",".....",".....",".....",".....",".##..",".##.."],
+'/':[".....","....#","...#.","..#..",".#...","#....","....."],
+'%':["##...","##..#","...#.","..#..",".#...","#..##","...##"],
+'-':[".....",".....",".....","#####",".....",".....","....."],
+'(':["...#.","..#..",".#...",".#...",".#...","..#..","...#."],
+')':[".#...","..#..","...#.","...#.","...#.","..#..",".#..."],
+',':[".....",".....",".....",".....",".##..","..#..",".#..."],
+':':[".....",".##..",".##..",".....",".##..",".##..","....."],
+'x':[".....",".....","#...#",".#.#.","..#..",".#.#.","#...#"],
+}
+
+
+class Canvas:
+    def __init__(self, w, h):
+        self.w, self.h = w, h
+        self.px = bytearray(b"\xff" * (w * h * 3))
+
+    def rect(self, x0, y0, x1, y1, rgb):
+        x0, x1 = max(0, int(min(x0, x1))), min(self.w, int(max(x0, x1)))
+        y0, y1 = max(0, int(min(y0, y1))), min(self.h, int(max(y0, y1)))
+        row = bytes(rgb) * (x1 - x0)
+        for y in range(y0, y1):
+            o = (y * self.w + x0) * 3
+            self.px[o:o + len(row)] = row
+
+    def text(self, x, y, s, rgb=(0, 0, 0), scale=2, anchor="left"):
+        width = len(s) * 6 * scale
+        if anchor == "middle":
+            x -= width / 2
+        elif anchor == "end":
+            x -= width
+        for i, ch in enumerate(s.lower()):
+            g = GLYPHS.get(ch, GLYPHS[" "])
+            for r, line in enumerate(g):
+                for c, v in enumerate(line):
+                    if v == "#":
+                        gx, gy = x + (i * 6 + c) * scale, y + r * scale
+                        self.rect(gx, gy, gx + scale, gy + scale, rgb)
+
+    def png(self, path):
+        raw = b"".join(b"\x00" + bytes(self.px[y * self.w * 3:(y + 1) * self.w * 3]) for y in range(self.h))
+        chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+        Path(path).write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", self.w, self.h, 8, 2, 0, 0, 0))
+                               + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+def png(plot, modes, path):
+    links = []
+    for _, l, _ in plot:
+        if l not in links:
+            links.append(l)
+    colors = {"decoupled-fp32": (31, 119, 180), "decoupled-int4": (44, 160, 44), "sync": (214, 39, 40)}
+    W, Hh, left, bottom, top = 1200, 560, 80, 120, 50
+    cv = Canvas(W, Hh)
+    gw = (W - left - 20) / max(1, len(links))
+    bwid = gw * 0.8 / max(1, len(modes))
+    ymax = max(1.2, max((v for _, _, v in plot), default=1.0) * 1.05)
+    y = lambda v: top + (Hh - top - bottom) * (1 - v / ymax)
+    cv.text(W / 2, 12, "learner steps/s relative to the run without emulation", anchor="middle")
+    for k in range(0, int(ymax * 10) + 1, 2):
+        v = k / 10
+        cv.rect(left, y(v), W - 20, y(v) + 1, (221, 221, 221))
+        cv.text(left - 8, y(v) - 7, f"{v:.1f}", anchor="end")
+    for x in range(left, W - 20, 10):
+        cv.rect(x, y(0.9), x + 5, y(0.9) + 2, (100, 100, 100))
+    cv.text(W - 22, y(0.9) - 18, "90%", anchor="end")
+    for i, l in enumerate(links):
+        x0 = left + i * gw + gw * 0.1
+        for j, m in enumerate(modes):
+            v = next((v for mm, ll, v in plot if mm == m and ll == l), None)
+            if v is not None:
+                cv.rect(x0 + j * bwid, y(v), x0 + (j + 1) * bwid - 2, y(0), colors.get(m, (150, 150, 150)))
+        parts = l.split(" / ")
+        for k, part in enumerate(parts):
+            cv.text(left + i * gw + gw / 2, Hh - bottom + 8 + k * 18, part, anchor="middle")
+    for j, m in enumerate(modes):
+        cv.rect(left + j * 260, Hh - 40, left + j * 260 + 16, Hh - 24, colors.get(m, (150, 150, 150)))
+        cv.text(left + j * 260 + 24, Hh - 39, m)
+    cv.png(path)
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: plot_wan.py WAN_CSV OUT_DIR")
@@ -159,8 +296,7 @@ def main():
     (out_dir / "wan.md").write_text("## Throughput\n\n" + "\n".join(thr) + "\n\n## Bandwidth: measured vs "
                                     "include/ddiloco/sim/bandwidth.hpp\n\n" + "\n".join(bw) + "\n")
     svg(plot, modes, out_dir / "wan.svg")
-    if shutil.which("convert"):
-        subprocess.run(["convert", str(out_dir / "wan.svg"), str(out_dir / "wan.png")], check=False)
+    png(plot, modes, out_dir / "wan.png")
     print((out_dir / "wan.md").read_text())
 
 

@@ -25,7 +25,9 @@
 #
 # Usage: run_wan.sh --bin DIR [--out DIR] [--smoke] [--grid "RTT_MS:RATE ..."]
 #        [--modes "decoupled-fp32 decoupled-int4 sync"] [--learners N]
-#        [--steps-decoupled N] [--steps-sync N]
+#        [--steps-decoupled N] [--steps-sync N] [--repeats N]
+#   --repeats N runs the whole grid N times, one pass after the other (so slow
+#   drifts of the machine's load spread over all grid points).
 #   RATE is a tc rate (50mbit, 100mbit, 1gbit) or "none" (no limit); the grid
 #   point "0:none" is the run without emulation (same namespaces, relay with no
 #   delay and no rate limit).
@@ -34,7 +36,7 @@ set -u -o pipefail
 BIN="" OUT="" SMOKE=0 LEARNERS=4
 GRID="0:none 20:50mbit 20:100mbit 20:1gbit 50:100mbit 100:50mbit 100:100mbit 100:1gbit"
 MODES="decoupled-fp32 decoupled-int4 sync"
-STEPS_DEC=3000 STEPS_SYNC=100
+STEPS_DEC=3000 STEPS_SYNC=100 REPEATS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN="$2"; shift 2 ;;
@@ -45,6 +47,7 @@ while [ $# -gt 0 ]; do
     --learners) LEARNERS="$2"; shift 2 ;;
     --steps-decoupled) STEPS_DEC="$2"; shift 2 ;;
     --steps-sync) STEPS_SYNC="$2"; shift 2 ;;
+    --repeats) REPEATS="$2"; shift 2 ;;
     -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "run_wan.sh: unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
@@ -134,7 +137,9 @@ while True:
             queues[fd].append((now + delay, pkt))
 PY
 
-MTU=16000
+# Large MTU: the relay is Python, and fewer, larger packets keep its CPU use
+# (which competes with the learners on a small machine) low.
+MTU=65000
 
 # net_up RTT_MS RATE: syncer namespace + LEARNERS regions, one relay each.
 net_up() {
@@ -176,7 +181,7 @@ import re; m = re.fullmatch(r'(\d+)(k|m|g)bit', '$rate'); print(int(m[1]) * {'k'
 # run_mode MODE RTT RATE: one syncer + LEARNERS learners; appends a CSV row.
 run_mode() {
   local mode="$1" rtt="$2" rate="$3" i
-  local dir="$OUT/logs/${mode}_rtt${rtt}_${rate}"
+  local dir="$OUT/logs/${mode}_rtt${rtt}_${rate}_rep$REP"
   rm -rf "$dir"; mkdir -p "$dir"
   local sflags lflags steps codec=fp32
   case "$mode" in
@@ -229,6 +234,9 @@ run_mode() {
   local sends applies
   sends="$(for f in "$dir"/learner*.log; do grep -o ' sends [0-9]*' "$f" | tail -1; done | awk '{n += $2} END {print n + 0}')"
   applies="$(for f in "$dir"/learner*.log; do grep -o ' applies [0-9]*' "$f" | tail -1; done | awk '{n += $2} END {print n + 0}')"
+  local val accepted
+  val="$(for f in "$dir"/learner*.log; do grep -o ' val [0-9.]*' "$f" | tail -1; done | awk '{v += $2; n++} END {if (n) printf "%.4f", v / n}')"
+  accepted="$(sed -n 's/^accepted=//p' "$dir/status" 2>/dev/null)"
   local params
   params="$(grep -o '[0-9]* parameters' "$dir/learner0.log" | head -1 | awk '{print $1}')"
   local bin bout merges
@@ -237,18 +245,20 @@ run_mode() {
   merges="$(sed -n 's/^merges=//p' "$dir/status" 2>/dev/null)"
   local stale
   stale="$(sed -n 's/^rejected_stale=//p' "$dir/status" 2>/dev/null)"
-  echo "$mode,$rtt,$rate,$LEARNERS,$steps,$codec,${params:-0},$(echo "$tps" | tr ' ' ';'),$(python3 -c "print(f'{$t1 - $t0:.3f}')"),${bin:-0},${bout:-0},${merges:-0},$ok,$steady,$sends,$applies,${stale:-0}" >>"$OUT/wan.csv"
-  echo "wan: $mode rtt=${rtt}ms rate=$rate tokens/s per learner: $tps steady steps/s: $steady merges=${merges:-?} bytes_in=${bin:-?} bytes_out=${bout:-?} ok=$ok"
+  echo "$mode,$rtt,$rate,$LEARNERS,$steps,$codec,${params:-0},$(echo "$tps" | tr ' ' ';'),$(python3 -c "print(f'{$t1 - $t0:.3f}')"),${bin:-0},${bout:-0},${merges:-0},$ok,$steady,$sends,$applies,${stale:-0},${accepted:-0},${val:-nan},$REP" >>"$OUT/wan.csv"
+  echo "wan: rep $REP $mode rtt=${rtt}ms rate=$rate tokens/s per learner: $tps steady steps/s: $steady merges=${merges:-?} accepted=${accepted:-?} stale=${stale:-?} val=${val:-?} bytes_in=${bin:-?} bytes_out=${bout:-?} ok=$ok"
   [ "$ok" = 1 ] && [ "${merges:-0}" -gt 0 ]
 }
 
-echo "mode,rtt_ms,rate,learners,steps,codec,params,tokens_per_s,wall_s,bytes_in,bytes_out,merges,ok,steady_steps_per_s,sends,applies,rejected_stale" >"$OUT/wan.csv"
+echo "mode,rtt_ms,rate,learners,steps,codec,params,tokens_per_s,wall_s,bytes_in,bytes_out,merges,ok,steady_steps_per_s,sends,applies,rejected_stale,accepted,val_loss,rep" >"$OUT/wan.csv"
 status=0
-for point in $GRID; do
-  rtt="${point%%:*}" rate="${point#*:}"
-  net_up "$rtt" "$rate" || { echo "run_wan.sh: network setup failed for $point" >&2; status=1; cleanup; continue; }
-  for mode in $MODES; do run_mode "$mode" "$rtt" "$rate" || status=1; done
-  cleanup
+for ((REP = 1; REP <= REPEATS; REP++)); do
+  for point in $GRID; do
+    rtt="${point%%:*}" rate="${point#*:}"
+    net_up "$rtt" "$rate" || { echo "run_wan.sh: network setup failed for $point" >&2; status=1; cleanup; continue; }
+    for mode in $MODES; do run_mode "$mode" "$rtt" "$rate" || status=1; done
+    cleanup
+  done
 done
 echo "wan: results in $OUT/wan.csv"
 exit "$status"
