@@ -35,6 +35,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -210,6 +211,61 @@ void BM_ReferenceRound(benchmark::State& state) {
   set_rates(state, min_round_bytes(n, m, C), n);
 }
 
+/// The roofline ratio measured pairwise, for a loaded machine: each iteration
+/// times one triad pass (2^25 floats, same threads) and then one fast merge
+/// round, back to back, so both see the same background load. Counters:
+/// ratio = (round min bytes / round time) / (triad bytes / triad time) over
+/// the repetition, and the two rates. Arguments {log2 n, M, threads}.
+template <Codec C>
+void BM_RooflinePair(benchmark::State& state) {
+  using Clock = std::chrono::steady_clock;
+  const auto n = std::size_t{1} << state.range(0);
+  const auto m = static_cast<std::size_t>(state.range(1));
+  const auto threads = static_cast<std::size_t>(state.range(2));
+  const auto layout = make_layout(n);
+  const auto& in = contributions(n, m, C);
+  auto& w = workers(threads);
+  auto acc = fast::RadialDirectional{&w}.make_accumulator(layout);
+  const ddiloco::NesterovSGD opt;
+  std::vector<float> theta(n, 1.0f), momentum(n, 0.0f);
+  const std::size_t tn = std::size_t{1} << 25;
+  std::vector<float> a(tn, 0.0f), b(tn, 1.0f), c(tn, 2.0f);
+  double triad_s = 0.0, round_s = 0.0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    w.run([&](std::size_t p) {
+      const std::size_t lo = tn * p / threads, hi = tn * (p + 1) / threads;
+      float* __restrict__ pa = a.data();
+      const float* __restrict__ pb = b.data();
+      const float* __restrict__ pc = c.data();
+      for (std::size_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+    });
+    benchmark::DoNotOptimize(a.data());
+    benchmark::ClobberMemory();
+    const auto t1 = Clock::now();
+    acc.reset();
+    for (std::size_t k = 0; k < m; ++k) {
+      if constexpr (C == Codec::fp32) {
+        acc.add(in.fp32[k], weight(k));
+      } else {
+        acc.add_encoded(C, in.encoded[k], weight(k));
+      }
+    }
+    acc.finish_step(opt, 1.0f, theta, momentum);
+    benchmark::DoNotOptimize(theta.data());
+    benchmark::ClobberMemory();
+    const auto t2 = Clock::now();
+    triad_s += std::chrono::duration<double>(t1 - t0).count();
+    round_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double triad_bw = 12.0 * static_cast<double>(tn) * static_cast<double>(state.iterations()) / triad_s;
+  const double round_bw = static_cast<double>(min_round_bytes(n, m, C)) * static_cast<double>(state.iterations()) / round_s;
+  state.counters["triad_Bps"] = triad_bw;
+  state.counters["round_Bps"] = round_bw;
+  state.counters["round_s"] = round_s / static_cast<double>(state.iterations());
+  state.counters["ratio"] = round_bw / triad_bw;
+}
+
 // ---- learner side ---------------------------------------------------------------
 
 /// The due step: snapshot (copy) + outer gradient + encode, fused.
@@ -314,6 +370,8 @@ BENCHMARK(BM_Triad)->Args({25, 1})->Args({25, 2})->Unit(benchmark::kMillisecond)
 BENCHMARK(BM_Memcpy)->Arg(24)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_FastRound, Codec::fp32)->Apply(headline);
 BENCHMARK_TEMPLATE(BM_FastRound, Codec::int4)->Apply(headline);
+BENCHMARK_TEMPLATE(BM_RooflinePair, Codec::fp32)->Apply(headline);
+BENCHMARK_TEMPLATE(BM_RooflinePair, Codec::int4)->Apply(headline);
 BENCHMARK_TEMPLATE(BM_ReferenceRound, Codec::fp32)->Args({24, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_ReferenceRound, Codec::int4)->Args({24, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_FastRound, Codec::fp32)->Name("BM_FastRound<fp32>/size")->Apply(size_scaling);
