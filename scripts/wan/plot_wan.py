@@ -18,6 +18,7 @@ and its implied upload rate per learner, params * bits / (H T) bits/s, for a
 learner that never stalls. Standard library only (no numpy / matplotlib).
 """
 import csv
+import statistics
 import struct
 import sys
 import zlib
@@ -37,13 +38,16 @@ def model_utilisation(params, bits, step_s, bps, latency_s):
     return min(1.0, H * step_s / (P * c))
 
 
-def sync_estimate(params, cycle0_s, rtt_ms, bps):
-    """Steps/s of the lock-step baseline: it exchanges the full fp32 model every
-    second step (see docs/wan.md), so two steps take the no-emulation time of two
-    steps plus the added round trip and the serialisation of S bytes up and S down.
+def sync_estimate(params, step0_s, rtt_ms, bps):
+    """Steps/s of the lock-step baseline, idealised. It exchanges the full fp32
+    model every second step (docs/wan.md): the step after a send computes while
+    the exchange is in flight, then waits for it, so two steps take one step of
+    compute (step0_s: the Decoupled fp32 step time without emulation) plus one
+    exchange: the round trip and S bytes up, then S bytes down, at the link rate.
+    Ignores the merge, TCP ramp-up and the relay (so it is optimistic at 1 Gbit/s).
     """
     added = rtt_ms / 1000 + (0 if bps is None else 2 * params * 32 / bps)
-    return 2 / (2 * cycle0_s + added)
+    return 2 / (step0_s + added)
 
 
 def load(path):
@@ -62,7 +66,27 @@ def load(path):
             r["out_Bps"] = max(0, int(r["bytes_out"]) - join_bytes) / r["train_s"]
             r["rtt_ms"] = int(r["rtt_ms"])
             rows.append(r)
-    return rows
+    return aggregate(rows)
+
+
+def aggregate(rows):
+    """One row per (mode, link): medians over repeats (run_wan.sh --repeats)."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["mode"], r["rtt_ms"], r["rate"]), []).append(r)
+    out = []
+    for g in groups.values():
+        a = dict(g[0])
+        for k in ("steps_per_s", "in_Bps", "out_Bps"):
+            a[k] = statistics.median(x[k] for x in g)
+        a["all_steps_per_s"] = [x["steps_per_s"] for x in g]
+        for k in ("sends", "applies", "rejected_stale", "accepted"):
+            a[k] = sum(int(x.get(k) or 0) for x in g)
+        vals = [float(x["val_loss"]) for x in g if x.get("val_loss") not in (None, "", "nan")]
+        a["val_loss"] = statistics.mean(vals) if vals else float("nan")
+        a["ok"] = "1" if all(x["ok"] == "1" for x in g) else "0"
+        out.append(a)
+    return out
 
 
 def link_name(r):
@@ -90,22 +114,26 @@ def tables(rows):
                 cells.append("-")
                 continue
             rel = r["steps_per_s"] / base[m]["steps_per_s"] if base[m] else float("nan")
-            cells.append(f'{r["steps_per_s"]:.1f} ({rel:.0%})' + ("" if r["ok"] == "1" else " FAILED"))
-            plot.append((m, f"{rtt} ms / {rate}" if rate != "none" else "none", rel))
+            reps = "/".join(f"{v:.0f}" for v in r["all_steps_per_s"])
+            cells.append(f'{r["steps_per_s"]:.1f} ({rel:.0%}; runs {reps}) val {r["val_loss"]:.2f}'
+                         + ("" if r["ok"] == "1" else " FAILED"))
+            if rel == rel:  # not NaN (no baseline run in the CSV)
+                plot.append((m, f"{rtt} ms / {rate}" if rate != "none" else "none", rel))
         s = by.get(("sync", rtt, rate))
         sp = []
         for m in ("decoupled-fp32", "decoupled-int4"):
             d = by.get((m, rtt, rate))
             sp.append(f'{d["steps_per_s"] / s["steps_per_s"]:.1f}x' if d and s and s["steps_per_s"] else "-")
         est = "-"
-        if s and base.get("sync"):
-            est = f'{sync_estimate(int(s["params"]), 1 / base["sync"]["steps_per_s"], rtt, RATE_BPS[rate]):.1f}'
+        if s and base.get("decoupled-fp32") and rate != "none":
+            est = f'{sync_estimate(int(s["params"]), 1 / base["decoupled-fp32"]["steps_per_s"], rtt, RATE_BPS[rate]):.1f}'
         out.append(f'| {"none" if rate == "none" else f"{rtt} ms / {rate}"} | ' + " | ".join(cells)
                    + " | " + " | ".join(sp) + f" | {est} |")
 
     # Bandwidth: measured vs bandwidth.hpp.
     bw = ["| mode | link | steps/s | up MB/s (all learners) | model up MB/s | down MB/s | "
-          "model util. (latency per fragment) | model util. (no latency) | measured rel. | applies / sends | stale |",
+          "model util. (latency per fragment) | model util. (no latency) | measured rel. | applies / sends | "
+          "accepted / sends |",
           "|---" * 11 + "|"]
     for r in rows:
         if not r["mode"].startswith("decoupled"):
@@ -122,7 +150,7 @@ def tables(rows):
         bw.append(f'| {r["mode"]} | {link_name(r)} | '
                   f'{r["steps_per_s"]:.1f} | {r["in_Bps"] / 1e6:.2f} | {model_up / 1e6:.2f} | '
                   f'{r["out_Bps"] / 1e6:.2f} | {u_lat:.2f} | {u_bw:.2f} | {rel:.2f} | '
-                  f'{int(r["applies"]) / max(1, int(r["sends"])):.2f} | {r["rejected_stale"]} |')
+                  f'{r["applies"] / max(1, r["sends"]):.2f} | {r["accepted"] / max(1, r["sends"]):.2f} |')
     return out, bw, plot, modes
 
 
