@@ -7,6 +7,10 @@
 # log says "resumed from"), the learners reconnect on their own (the restarted
 # syncer accepts their contributions), every learner completes, and the mean
 # final validation loss is within TOLERANCE of the uninterrupted run's.
+# Measured differences of the means over 5 runs: 0.001 .. 0.067 (means 2.37 ..
+# 2.44 from 4.58). Learners that never re-synchronise with the restarted syncer
+# (they keep training alone) ended 0.12 above: that failure is caught by the
+# applies check (every learner applies globals of the restarted syncer).
 # Usage: kill_syncer.sh SYNCER LEARNER KEYGEN
 source "$(dirname "$0")/lib.sh"
 
@@ -54,12 +58,19 @@ note "learners trained 2 more progress lines each without a syncer"
 start_syncer second "${SECURITY[@]}" --checkpoint-dir "$CHECKPOINTS" --checkpoint-every-ms 300 --bind "$ENDPOINT"
 log_has second "syncer: resumed from" || fail "the restarted syncer did not resume from a checkpoint"
 restored=$(status accepted second)
+last_applies() { grep -o ' applies [0-9]*' "$WORK/$1.log" | tail -n 1 | awk '{print $2}'; }
+declare -a applies
+for i in 0 1 2 3; do applies[i]=$(last_applies "l$i"); done
 note "syncer restarted: $(grep 'resumed from' "$WORK/second.log"), accepted $restored"
 wait_until 60 "the restarted syncer to accept contributions again" status_at_least accepted second "$((restored + 20))"
 for i in 0 1 2 3; do wait_until 120 "learner $i to finish" log_has "l$i" "learner $i: done"; done
+for i in 0 1 2 3; do
+  [ "$(last_applies "l$i")" -ge "$((applies[i] + 5))" ] ||
+    fail "learner $i applied $(last_applies "l$i") globals in all, ${applies[i]} before the restart: not re-synchronised"
+done
 interrupted_val=$(mean_final_val l0 l1 l2 l3)
 note "interrupted run: mean final val $interrupted_val (uninterrupted $reference_val, tolerance $TOLERANCE)"
-note "restarted syncer: merges $(status merges second) accepted $(status accepted second) duplicates $(status rejected_duplicate second) future $(status rejected_future_version second)"
+note "restarted syncer: merges $(status merges second) accepted $(status accepted second) duplicates $(status rejected_duplicate second) stale (answered) $(status rejected_stale second) future $(status rejected_future_version second)"
 within() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN {d = a - b; if (d < 0) d = -d; exit !(d <= t)}'; }
 within "$interrupted_val" "$reference_val" "$TOLERANCE" ||
   fail "mean final val $interrupted_val after a syncer crash is not within $TOLERANCE of $reference_val"
