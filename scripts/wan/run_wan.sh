@@ -160,11 +160,13 @@ net_up() {
     ip -n "$NS_S" addr add 10.77.0.1/32 dev "r$i" 2>/dev/null
     ip -n "$NS_S" route add "10.77.0.$((10 + i))/32" dev "r$i"
     if [ "$rate" != none ]; then
-      # burst: 5 ms at the rate, at least 4 packets; queue: 2 bandwidth-delay products + 1 MB.
+      # burst: 2 ms at the rate, at least one packet (tbf drops packets larger
+      # than the bucket); a bigger bucket would let an idle lock-step learner
+      # send its first burst at line speed. Queue: 2 bandwidth-delay products + 1 MB.
       local bps burst limit
       bps="$(python3 -c "
 import re; m = re.fullmatch(r'(\d+)(k|m|g)bit', '$rate'); print(int(m[1]) * {'k': 1e3, 'm': 1e6, 'g': 1e9}[m[2]])")"
-      burst="$(python3 -c "print(max(int($bps / 8 * 0.005), 4 * $MTU))")"
+      burst="$(python3 -c "print(max(int($bps / 8 * 0.002), $MTU + 1000))")"
       limit="$(python3 -c "print(int(2 * $bps / 8 * max($rtt_ms, 1) / 1000 + 1e6))")"
       ip netns exec "$ns" tc qdisc add dev wan0 root tbf rate "$rate" burst "$burst" limit "$limit" || return 1
       ip netns exec "$NS_S" tc qdisc add dev "r$i" root tbf rate "$rate" burst "$burst" limit "$limit" || return 1
