@@ -215,13 +215,15 @@ void BM_ReferenceRound(benchmark::State& state) {
 /// times one triad pass (2^25 floats, same threads) and then one fast merge
 /// round, back to back, so both see the same background load. Counters:
 /// ratio = (round min bytes / round time) / (triad bytes / triad time) over
-/// the repetition, and the two rates. Arguments {log2 n, M, threads}.
+/// the repetition, and the two rates. Arguments {log2 n, M, threads, baseline}:
+/// baseline = 1 runs the SSE2 build of the kernels even where AVX2 is available.
 template <Codec C>
 void BM_RooflinePair(benchmark::State& state) {
   using Clock = std::chrono::steady_clock;
   const auto n = std::size_t{1} << state.range(0);
   const auto m = static_cast<std::size_t>(state.range(1));
   const auto threads = static_cast<std::size_t>(state.range(2));
+  fast::use_baseline_kernels(state.range(3) == 1);  // 1: SSE2 baseline build even on an AVX2 CPU
   const auto layout = make_layout(n);
   const auto& in = contributions(n, m, C);
   auto& w = workers(threads);
@@ -264,6 +266,7 @@ void BM_RooflinePair(benchmark::State& state) {
   state.counters["round_Bps"] = round_bw;
   state.counters["round_s"] = round_s / static_cast<double>(state.iterations());
   state.counters["ratio"] = round_bw / triad_bw;
+  fast::use_baseline_kernels(false);
 }
 
 // ---- learner side ---------------------------------------------------------------
@@ -370,8 +373,11 @@ BENCHMARK(BM_Triad)->Args({25, 1})->Args({25, 2})->Unit(benchmark::kMillisecond)
 BENCHMARK(BM_Memcpy)->Arg(24)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_FastRound, Codec::fp32)->Apply(headline);
 BENCHMARK_TEMPLATE(BM_FastRound, Codec::int4)->Apply(headline);
-BENCHMARK_TEMPLATE(BM_RooflinePair, Codec::fp32)->Apply(headline);
-BENCHMARK_TEMPLATE(BM_RooflinePair, Codec::int4)->Apply(headline);
+void pairs(benchmark::internal::Benchmark* b) {
+  b->Args({24, 8, 1, 0})->Args({24, 8, 2, 0})->Args({24, 8, 1, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK_TEMPLATE(BM_RooflinePair, Codec::fp32)->Apply(pairs);
+BENCHMARK_TEMPLATE(BM_RooflinePair, Codec::int4)->Apply(pairs);
 BENCHMARK_TEMPLATE(BM_ReferenceRound, Codec::fp32)->Args({24, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_ReferenceRound, Codec::int4)->Args({24, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_FastRound, Codec::fp32)->Name("BM_FastRound<fp32>/size")->Apply(size_scaling);

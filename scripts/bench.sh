@@ -96,11 +96,15 @@ row("reference RDA fp32 + Nesterov, 1 thread", get("BM_ReferenceRound<Codec::fp3
 row("reference RDA int4 (decode, add) + Nesterov", get("BM_ReferenceRound<Codec::int4>/24/8/1/real_time"), triad[1], "")
 pair = {}
 for c in ("fp32", "int4"):
-    for t in (1, 2):
-        b = get(f"BM_RooflinePair<Codec::{c}>/24/8/{t}/real_time")
-        pair[(c, t)] = b
-        rows.append((f"pairwise roofline, RDA {c} + Nesterov, {t} thread(s)", f'{b["round_s"] * 1e3:.1f} ms',
+    for t, base in ((1, 0), (2, 0), (1, 1)):
+        b = get(f"BM_RooflinePair<Codec::{c}>/24/8/{t}/{base}/real_time")
+        pair[(c, t, base)] = b
+        isa = "SSE2 baseline build" if base else "AVX2 build"
+        rows.append((f"pairwise roofline, RDA {c} + Nesterov, {t} thread(s), {isa}", f'{b["round_s"] * 1e3:.1f} ms',
                      f'{b["round_Bps"] / 1e9:.2f}', f'{b["ratio"]:.2f}', f'triad measured alternately: {b["triad_Bps"] / 1e9:.2f} GB/s'))
+for k in list(pair):
+    if k[2] == 0:
+        pair[k[:2]] = pair[k]
 fast1 = seconds(get("BM_FastRound<Codec::fp32>/24/8/1/real_time"))
 fast2 = seconds(get("BM_FastRound<Codec::fp32>/24/8/2/real_time"))
 int41 = seconds(get("BM_FastRound<Codec::int4>/24/8/1/real_time"))
@@ -138,6 +142,7 @@ results.update({
     "syncer_roofline_ratio_int4": pair[("int4", 1)]["ratio"],
     "syncer_roofline_ratio_two_threads": {"fp32": pair[("fp32", 2)]["ratio"], "int4": pair[("int4", 2)]["ratio"]},
     "syncer_roofline_ratio_separate_runs": {"fp32": r_fp32_1, "int4": r_int4_1},
+    "syncer_roofline_ratio_sse2_baseline": {"fp32": pair[("fp32", 1, 1)]["ratio"], "int4": pair[("int4", 1, 1)]["ratio"]},
     "syncer_two_thread_speedup_pairwise": {c: pair[(c, 2)]["round_Bps"] / pair[(c, 1)]["round_Bps"] for c in ("fp32", "int4")},
     "syncer_vs_pytorch_cpu_time": peer[1]["median_cpu_seconds"] / cpu_seconds(get("BM_FastRound<Codec::fp32>/24/8/1/real_time")),
     "syncer_roofline_ratio_cpu_time": get("BM_FastRound<Codec::fp32>/24/8/1/real_time")["bytes_per_second"] * fast1 / cpu_seconds(get("BM_FastRound<Codec::fp32>/24/8/1/real_time")) / triad_cpu1,

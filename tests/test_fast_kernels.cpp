@@ -214,3 +214,38 @@ TEST_CASE("fast encoded_squared_norm of any element range matches the squared no
     }
   }
 }
+
+TEST_CASE("fast kernels give bit-identical results with the baseline and the AVX2 builds", "[fast][isa]") {
+  // Same operations in the same order, no FMA in either build: exact equality.
+  // On a CPU without AVX2 both runs use the baseline build and trivially agree.
+  for (const std::size_t n : kSizes) {
+    const auto x = random_vector(n, 61), start = random_vector(n, 62);
+    const auto bytes = ddiloco::encode(Codec::int4, x);
+    struct Out {
+      double sq, upd_sq, copy_sq;
+      std::vector<float> mean, copy, theta, b, decoded;
+    };
+    auto run = [&](bool baseline) {
+      fast::use_baseline_kernels(baseline);
+      Out o{0, 0, 0, start, std::vector<float>(n), start, x, std::vector<float>(n)};
+      o.sq = fast::squared_norm(x.data(), n);
+      o.upd_sq = fast::running_mean_update_sq(0.3f, 1.7f, x.data(), o.mean.data(), n);
+      o.copy_sq = fast::scale_copy_sq(0.3f, x.data(), o.copy.data(), n);
+      fast::scaled_nesterov(1.1f, 0.5f, x.data(), 0.9f, 0.7f, o.theta.data(), o.b.data(), n);
+      for (std::size_t lo = 0; lo < n; lo += fast::kChunk) {
+        fast::decode_range(Codec::int4, bytes.data(), n, lo, std::min(fast::kChunk, n - lo), o.decoded.data() + lo);
+      }
+      return o;
+    };
+    const Out base = run(true), best = run(false);
+    INFO("n = " << n);
+    CHECK(base.sq == best.sq);
+    CHECK(base.upd_sq == best.upd_sq);
+    CHECK(base.copy_sq == best.copy_sq);
+    CHECK(base.mean == best.mean);
+    CHECK(base.copy == best.copy);
+    CHECK(base.theta == best.theta);
+    CHECK(base.b == best.b);
+    CHECK(base.decoded == best.decoded);
+  }
+}

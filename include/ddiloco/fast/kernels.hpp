@@ -53,24 +53,26 @@ inline double lane_sum(const float (&acc)[kLanes]) noexcept {
 }
 }  // namespace detail
 
+namespace detail {
+
 /// sum_i x_i^2 (reference: ddiloco::detail::squared_norm).
-inline double squared_norm(const float* __restrict__ x, std::size_t n) noexcept {
+[[gnu::always_inline]] inline double squared_norm_base(const float* __restrict__ x, std::size_t n) noexcept {
   double total = 0.0;
-  std::size_t i = 0;
-  for (; i + kNormBlock <= n; i += kNormBlock) {
+  const std::size_t full = n - n % kNormBlock;
+  for (std::size_t i = 0; i < full; i += kNormBlock) {
     float acc[kLanes] = {};
     for (std::size_t k = 0; k < kNormBlock; k += kLanes) {
       for (std::size_t j = 0; j < kLanes; ++j) acc[j] += x[i + k + j] * x[i + k + j];
     }
     total += detail::lane_sum(acc);
   }
-  for (; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (std::size_t i = full; i < n; ++i) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
   return total;
 }
 
 /// mean_i += f * (s * x_i - mean_i) (reference: ddiloco::detail::running_mean_update)
 /// and returns sum_i mean_i^2 of the updated mean, in the same pass.
-inline double running_mean_update_sq(float f, float s, const float* __restrict__ x,
+[[gnu::always_inline]] inline double running_mean_update_sq_base(float f, float s, const float* __restrict__ x,
                                      float* __restrict__ mean, std::size_t n) noexcept {
   double total = 0.0;
   std::size_t i = 0;
@@ -94,7 +96,7 @@ inline double running_mean_update_sq(float f, float s, const float* __restrict__
 }
 
 /// mean_i = s * x_i (reference: ddiloco::detail::scale_copy) and returns sum_i mean_i^2.
-inline double scale_copy_sq(float s, const float* __restrict__ x, float* __restrict__ mean,
+[[gnu::always_inline]] inline double scale_copy_sq_base(float s, const float* __restrict__ x, float* __restrict__ mean,
                             std::size_t n) noexcept {
   double total = 0.0;
   std::size_t i = 0;
@@ -123,7 +125,7 @@ inline double scale_copy_sq(float s, const float* __restrict__ x, float* __restr
 ///     Delta_i = (c * mean_i) * share
 ///     b_i     <- mu * b_i + Delta_i
 ///     Theta_i <- Theta_i - eta * (Delta_i + mu * b_i)
-inline void scaled_nesterov(float c, float share, const float* __restrict__ mean, float mu, float eta,
+[[gnu::always_inline]] inline void scaled_nesterov_base(float c, float share, const float* __restrict__ mean, float mu, float eta,
                             float* __restrict__ theta, float* __restrict__ b, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     const float d = (c * mean[i]) * share;
@@ -147,7 +149,7 @@ inline void scale(float c, const float* __restrict__ x, float* __restrict__ out,
 /// blocks are not a valid encoding (same checks as ddiloco::decode: scale finite
 /// and >= 0, no -Q-1 code, zero int4 padding nibble); out is then unspecified.
 /// Reference: ddiloco::detail::try_decode on the whole payload.
-inline bool decode_range(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
+[[gnu::always_inline]] inline bool decode_range_base(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
                          std::size_t len, float* __restrict__ out) noexcept {
   const auto* u8 = reinterpret_cast<const unsigned char*>(in);
   switch (codec) {
@@ -224,6 +226,92 @@ inline bool decode_range(Codec codec, const std::byte* in, std::size_t n, std::s
     }
   }
   return ok;
+}
+
+// ---- run-time dispatch -------------------------------------------------------
+// Each kernel above is compiled twice: for baseline x86-64 (SSE2) and, through
+// GCC/Clang's target attribute, for AVX2 (no FMA, so results stay identical),
+// chosen at run time. Other compilers and CPUs get the baseline build.
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#define DDILOCO_FAST_HAVE_AVX2_CLONES 1
+#define DDILOCO_FAST_AVX2 __attribute__((target("avx2")))
+DDILOCO_FAST_AVX2 inline double squared_norm_avx2(const float* __restrict__ x, std::size_t n) noexcept { return squared_norm_base(x, n); }
+DDILOCO_FAST_AVX2 inline double running_mean_update_sq_avx2(float f, float s, const float* __restrict__ x,
+                                     float* __restrict__ mean, std::size_t n) noexcept { return running_mean_update_sq_base(f, s, x, mean, n); }
+DDILOCO_FAST_AVX2 inline double scale_copy_sq_avx2(float s, const float* __restrict__ x, float* __restrict__ mean,
+                            std::size_t n) noexcept { return scale_copy_sq_base(s, x, mean, n); }
+DDILOCO_FAST_AVX2 inline void scaled_nesterov_avx2(float c, float share, const float* __restrict__ mean, float mu, float eta,
+                            float* __restrict__ theta, float* __restrict__ b, std::size_t n) noexcept { return scaled_nesterov_base(c, share, mean, mu, eta, theta, b, n); }
+DDILOCO_FAST_AVX2 inline bool decode_range_avx2(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
+                         std::size_t len, float* __restrict__ out) noexcept { return decode_range_base(codec, in, n, lo, len, out); }
+#undef DDILOCO_FAST_AVX2
+#endif
+
+/// Whether the AVX2 clones run (true when the CPU has AVX2, unless turned off).
+inline bool& avx2_enabled() noexcept {
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+  static bool on = __builtin_cpu_supports("avx2");
+#else
+  static bool on = false;
+#endif
+  return on;
+}
+
+}  // namespace detail
+
+/// out_i = c * x_i (the non-fused finish; memory bound, baseline build only).
+inline void scale(float c, const float* __restrict__ x, float* __restrict__ out, std::size_t n) noexcept {
+  detail::scale(c, x, out, n);
+}
+
+/// Selects the baseline kernels even on an AVX2 machine (true), or the best the
+/// CPU has (false, the default). For tests and comparisons; not thread-safe
+/// against kernels running concurrently.
+inline void use_baseline_kernels(bool baseline) noexcept {
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+  detail::avx2_enabled() = !baseline && __builtin_cpu_supports("avx2");
+#else
+  (void)baseline;
+#endif
+}
+
+inline double squared_norm(const float* __restrict__ x, std::size_t n) noexcept {
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+  if (detail::avx2_enabled()) return detail::squared_norm_avx2(x, n);
+#endif
+  return detail::squared_norm_base(x, n);
+}
+
+inline double running_mean_update_sq(float f, float s, const float* __restrict__ x,
+                                     float* __restrict__ mean, std::size_t n) noexcept {
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+  if (detail::avx2_enabled()) return detail::running_mean_update_sq_avx2(f, s, x, mean, n);
+#endif
+  return detail::running_mean_update_sq_base(f, s, x, mean, n);
+}
+
+inline double scale_copy_sq(float s, const float* __restrict__ x, float* __restrict__ mean,
+                            std::size_t n) noexcept {
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+  if (detail::avx2_enabled()) return detail::scale_copy_sq_avx2(s, x, mean, n);
+#endif
+  return detail::scale_copy_sq_base(s, x, mean, n);
+}
+
+inline void scaled_nesterov(float c, float share, const float* __restrict__ mean, float mu, float eta,
+                            float* __restrict__ theta, float* __restrict__ b, std::size_t n) noexcept {
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+  if (detail::avx2_enabled()) return detail::scaled_nesterov_avx2(c, share, mean, mu, eta, theta, b, n);
+#endif
+  return detail::scaled_nesterov_base(c, share, mean, mu, eta, theta, b, n);
+}
+
+inline bool decode_range(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
+                         std::size_t len, float* __restrict__ out) noexcept {
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+  if (detail::avx2_enabled()) return detail::decode_range_avx2(codec, in, n, lo, len, out);
+#endif
+  return detail::decode_range_base(codec, in, n, lo, len, out);
 }
 
 /// sum of the squares of elements [lo, lo + len) of a VALID n-element payload
