@@ -265,3 +265,23 @@ TEST_CASE("Learners as real threads train to the optimum through the threaded sy
   CHECK(distance_to_optimum(r.global) < 0.35);
   std::printf("threaded run: RMS distance %.3f\n", distance_to_optimum(r.global));
 }
+
+TEST_CASE("Synchronous data-parallel (H = 1, tau = 0, lock-step) syncs at every step", "[cluster]") {
+  ClusterConfig c = decoupled(4);
+  c.outer.sync_every = 1;
+  c.outer.overlap = 0;
+  c.outer.lock_step = true;
+  c.syncer.quorum.min_quorum = 4;
+  c.syncer.quorum.overlap = 0;
+  c.syncer.quorum.grace = false;
+  c.token_budget = 64 * 100 * 4;
+  const auto r = Cluster(quad_plan(1), c, factory(4)).run_virtual();
+  REQUIRE_FALSE(r.timed_out);
+  for (std::size_t id = 0; id < 4; ++id) {
+    // One send per inner step; before the fix, applying first left nothing to
+    // send at every other step.
+    CHECK(r.learners[id].sends == r.learners[id].step);
+    CHECK(r.learners[id].late_applies == 0);
+  }
+  CHECK(r.syncer.quorum_sizes.at(4) == r.syncer.merges);
+}

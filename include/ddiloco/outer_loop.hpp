@@ -17,14 +17,14 @@
 // global received, and counters since the last send or receipt
 // (algorithm.md 3). At each inner step t:
 //   1. drain the transport without blocking, keeping the newest global per fragment;
-//   2. for each fragment sent at step s with t >= s + tau whose newer global has
+//   2. if p is due at t (Schedule): send v = base_p - theta_p with the counters,
+//      then base_p <- theta_p and counters reset: each unit of local progress
+//      is sent exactly once, even when a global is lost or late (algorithm.md 6);
+//   3. for each fragment sent at step s with t >= s + tau whose newer global has
 //      arrived: theta_p <- alpha * theta_p + (1 - alpha) * Theta_p, base_p <- Theta_p,
 //      counters reset (algorithm.md 4.6). If it has not arrived, it is applied on
 //      arrival (non-blocking), or, in lock-step mode, step() waits for it
-//      (Streaming DiLoCo) for at most `lock_step_timeout`;
-//   3. if p is due at t (Schedule): send v = base_p - theta_p with the counters,
-//      then base_p <- theta_p and counters reset: each unit of local progress
-//      is sent exactly once, even when a global is lost or late (algorithm.md 6).
+//      (Streaming DiLoCo) for at most `lock_step_timeout`.
 // Host copies are made only of the fragment being sent or applied.
 #pragma once
 
@@ -170,10 +170,15 @@ class OuterLoop {
     status_.tokens = tokens_total_;
     StepReport report;
     drain();
-    report.applied = apply_due(params, report);
+    // Send before applying: with tau = 0 the fragment sent at this step is
+    // also the one applied at this step (synchronous DiLoCo / data-parallel);
+    // applying first would discard this step's progress and leave nothing to
+    // send, so a lock-step learner synced only every other step. With tau >= 1
+    // a fragment is never due for both in one step, so the order is moot.
     if (auto p = schedule_.due_at(step_)) {
       if (send_fragment(*p, params)) report.sent = *p;
     }
+    report.applied = apply_due(params, report);
     maybe_heartbeat();
     return report;
   }
