@@ -45,9 +45,10 @@ fail() {
 note() { echo "[$(date +%T)] $*"; }
 
 # wait_until SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.1 s until it
-# succeeds; fails the test after SECONDS.
+# succeeds; fails the test after SECONDS times $DDILOCO_MP_TIME_SCALE (default
+# 1; sanitizer builds train several times slower: use 6 and ctest --timeout).
 wait_until() {
-  local secs=$1 what=$2
+  local secs=$(($1 * ${DDILOCO_MP_TIME_SCALE:-1})) what=$2
   shift 2
   local end=$((SECONDS + secs))
   until "$@"; do
