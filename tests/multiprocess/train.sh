@@ -14,11 +14,21 @@ make_keys syncer l0 l1 l2 l3
 for i in 0 1 2 3; do echo "$i $(public_key l$i)"; done >"$WORK/keys/allow"
 start_syncer syncer --keys "$WORK/keys/syncer.key" --allow "$WORK/keys/allow"
 note "syncer at $ENDPOINT"
+declare -a LPID
 for i in 0 1 2 3; do
   start_learner "l$i" "$i" 4 "$STEPS" --keys "$WORK/keys/l$i.key" --server-key "$WORK/keys/syncer.pub"
+  LPID[i]=$LEARNER_PID
 done
 for i in 0 1 2 3; do
   wait_until 120 "learner $i to finish $STEPS steps" log_has "l$i" "learner $i: done"
+done
+# Clean exits (a sanitizer report would make them non-zero).
+exited() { ! kill -0 "$1" 2>/dev/null; }
+for i in 0 1 2 3; do
+  wait_until 30 "learner $i to exit" exited "${LPID[i]}"
+  rc=0
+  wait "${LPID[i]}" || rc=$?
+  [ "$rc" -eq 0 ] || fail "learner $i exited with status $rc"
 done
 for i in 0 1 2 3; do
   val=$(final_val "l$i")
@@ -29,4 +39,11 @@ merges=$(status merges syncer)
 note "syncer: merges $merges accepted $(status accepted syncer) auth_denied $(status auth_denied syncer)"
 [ "$merges" -ge 20 ] || fail "only $merges merges for 4 x $STEPS steps"
 [ "$(status auth_denied syncer)" -eq 0 ] || fail "the syncer refused a listed key"
+# SIGTERM: the syncer checkpoints (none configured here), stops and exits cleanly.
+kill -TERM "$SYNCER_PID"
+wait_until 30 "the syncer to stop on SIGTERM" exited "$SYNCER_PID"
+rc=0
+wait "$SYNCER_PID" || rc=$?
+[ "$rc" -eq 0 ] || fail "the syncer exited with status $rc after SIGTERM"
+log_has syncer "syncer: signal 15: stopping" || fail "the syncer did not report the signal"
 note "PASS"
