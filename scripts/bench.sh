@@ -30,6 +30,13 @@ echo "== PyTorch peer"
 /usr/bin/python3 bench/peer_pytorch.py --threads 2 --repetitions "$reps" > "$out/peer_pytorch_2.json"
 cat "$out"/peer_pytorch_*.json
 
+echo "== PyTorch peer and ddiloco alternately (pairwise ratio under the same load)"
+for i in 1 2 3; do
+  /usr/bin/python3 bench/peer_pytorch.py --threads 1 --repetitions 3 > "$out/pair_peer_$i.json"
+  "$build/bench/bench_syncer" --benchmark_filter='^BM_FastRound<Codec::fp32>/24/8/1/' --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true --benchmark_format=json > "$out/pair_ddiloco_$i.json"
+done
+
 uptime > "$out/load.txt"
 lscpu | grep -E 'Model name|^CPU\(s\)|L1d|L2|L3' >> "$out/load.txt"
 
@@ -115,8 +122,20 @@ for t in (1, 2):
     rows.append((f"PyTorch peer: average + SGD(nesterov), {t} thread(s)", f'{p["median_seconds"] * 1e3:.1f} ms',
                  f'{p["bytes_per_second"] / 1e9:.2f}', f'{p["bytes_per_second"] / triad[t]:.2f}', f'torch {p["torch_version"]}, plain average (less work than RDA)'))
 vs_torch = {1: peer[1]["median_seconds"] / fast1, 2: peer[2]["median_seconds"] / fast2}
-due_fp32 = row("learner due step fp32 (copy + outer gradient + encode)", get("BM_LearnerDueFast<Codec::fp32>/24/real_time"), memcpy, "vs memcpy")
-due_int4 = row("learner due step int4", get("BM_LearnerDueFast<Codec::int4>/24/real_time"), memcpy, "vs memcpy")
+pair_ratios = []
+for i in (1, 2, 3):
+    pp = json.load(open(os.path.join(out, f"pair_peer_{i}.json")))
+    dd = [b for b in json.load(open(os.path.join(out, f"pair_ddiloco_{i}.json")))["benchmarks"] if b.get("aggregate_name") == "median"][0]
+    pair_ratios.append(pp["median_seconds"] / seconds(dd))
+pair_ratios.sort()
+rows.append(("PyTorch peer / ddiloco, run alternately 3 times, 1 thread", "", "", f"{pair_ratios[1]:.2f}", "median of 3 pairwise time ratios: " + ", ".join(f"{r:.2f}" for r in pair_ratios)))
+due = {}
+for c in ("fp32", "int4"):
+    b = get(f"BM_LearnerDueFast<Codec::{c}>/24/real_time")
+    due[c] = b["vs_memcpy"]
+    rows.append((f"learner due step {c} (copy + outer gradient + encode), fused", f'{b["due_s"] * 1e3:.1f} ms',
+                 f'{b["due_Bps"] / 1e9:.2f}', f'{b["vs_memcpy"]:.2f}', f'vs memcpy timed alternately: {b["memcpy_Bps"] / 1e9:.2f} GB/s'))
+due_fp32, due_int4 = due["fp32"], due["int4"]
 row("learner due step fp32, reference (copy, subtract, encode)", get("BM_LearnerDueReference<Codec::fp32>/24/real_time"), memcpy, "vs memcpy")
 row("learner due step int4, reference", get("BM_LearnerDueReference<Codec::int4>/24/real_time"), memcpy, "vs memcpy")
 nodue = get("BM_LearnerStepNothingDue/iterations:60000")
@@ -147,7 +166,9 @@ results.update({
     "syncer_vs_pytorch_cpu_time": peer[1]["median_cpu_seconds"] / cpu_seconds(get("BM_FastRound<Codec::fp32>/24/8/1/real_time")),
     "syncer_roofline_ratio_cpu_time": get("BM_FastRound<Codec::fp32>/24/8/1/real_time")["bytes_per_second"] * fast1 / cpu_seconds(get("BM_FastRound<Codec::fp32>/24/8/1/real_time")) / triad_cpu1,
     "syncer_two_thread_speedup": speedup_2t,
-    "syncer_vs_pytorch": vs_torch[1],
+    "syncer_vs_pytorch": pair_ratios[1],
+    "syncer_vs_pytorch_pairwise_runs": pair_ratios,
+    "syncer_vs_pytorch_separate_runs": vs_torch[1],
     "syncer_vs_pytorch_two_threads": vs_torch[2],
     "learner_no_due_step_seconds": nodue_s,
     "learner_no_due_step_cpu_seconds": cpu_seconds(nodue),
@@ -164,7 +185,7 @@ md += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
 md += ["", f"Headline (M = 8, 2^24 elements, one thread): syncer_roofline_ratio = {results['syncer_roofline_ratio']:.2f} "
        f"(int4: {results['syncer_roofline_ratio_int4']:.2f}; pairwise with the triad; separate runs: {r_fp32_1:.2f} / {r_int4_1:.2f}); "
        f"two threads / one thread = {speedup_2t['fp32']:.2f}x (int4 {speedup_2t['int4']:.2f}x); "
-       f"syncer_vs_pytorch = {vs_torch[1]:.2f}x wall clock, {results['syncer_vs_pytorch_cpu_time']:.2f}x CPU time "
+       f"syncer_vs_pytorch = {pair_ratios[1]:.2f}x (pairwise; separate runs {vs_torch[1]:.2f}x wall clock, {results['syncer_vs_pytorch_cpu_time']:.2f}x CPU time) "
        f"(two threads: {vs_torch[2]:.2f}x wall clock).", ""]
 md += ["| log2 n (M = 8, 1 thread) | median time | CPU time | GB/s | GB/s by CPU time |", "|---|---|---|---|---|"]
 md += [f"| {a} | {b * 1e3:.2f} ms | {d * 1e3:.2f} ms | {c / 1e9:.2f} | {c * b / d / 1e9:.2f} |" for a, b, c, d in scaling_n]

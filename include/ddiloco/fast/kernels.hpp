@@ -8,7 +8,9 @@
 // written for the compiler's auto-vectoriser: fixed-width inner loops over
 // kLanes independent accumulators (a reduction into one scalar is bound by the
 // add latency, about 4 cycles per element; 16 independent lanes are not), no
-// branches inside the lanes, __restrict__ pointers.
+// branches inside the lanes, __restrict__ pointers. The hot kernels are built
+// twice, for baseline x86-64 (SSE2) and for AVX2, and picked at run time (see
+// "run-time dispatch" below); both builds give bit-identical results.
 // What it is not: the specification. The readable reference loops are
 // <ddiloco/detail/kernels.hpp>, <ddiloco/codec.hpp> and the NesterovSGD loop of
 // <ddiloco/outer_optimizer.hpp>; tests/test_fast_kernels.cpp checks every kernel

@@ -29,6 +29,7 @@
 // one float per element plus three doubles per tensor, whatever M is.
 #pragma once
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
