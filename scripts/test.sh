@@ -35,5 +35,5 @@ cmake -S . -B build-tsan -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=RelWithDeb
   -DDDILOCO_BUILD_EXAMPLES=OFF -DDDILOCO_BUILD_BENCHMARKS=OFF >/dev/null
 # shellcheck disable=SC2086
 cmake --build build-tsan -j "$jobs" --target $threaded
-TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
   ctest --test-dir build-tsan -j "$jobs" --output-on-failure -L threaded -LE slow --timeout 900
