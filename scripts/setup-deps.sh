@@ -4,7 +4,7 @@
 # exact command to run and exits non-zero.
 set -euo pipefail
 packages=(cmake ninja-build pkgconf g++ clang libclang-rt-14-dev libeigen3-dev xtensor-dev catch2
-          libbenchmark-dev libzmq3-dev cppzmq-dev fortunes python3-matplotlib)
+          libbenchmark-dev libzmq3-dev cppzmq-dev libtorch-dev fortunes python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
