@@ -82,17 +82,9 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, Rule rule, Op
     for (const auto& p : skipped)
       std::printf("syncer: skipped damaged checkpoint %s: %s\n", p.path.string().c_str(), p.reason.c_str());
     if (loaded) {
-      // Restart epoch. Merges made after this checkpoint are lost with the old
-      // process, but learners have applied them: their base versions can be
-      // ahead of the checkpoint's. The syncer rejects such contributions as
-      // future_version without an answer, and a learner ignores globals older
-      // than what it has, so without this the run never re-synchronises (seen
-      // in tests/multiprocess/kill_syncer.sh: every contribution rejected,
-      // nothing sent). Moving every version to the start of the next 2^32
-      // block makes every pre-crash base more than max_staleness behind: the
-      // syncer answers each with its current fragment, whose version is newer
-      // than anything the learner holds, and the learner rebases on it.
-      for (auto& fs : loaded->snapshot.fragments) fs.version = ((fs.version >> 32) + 1) << 32;
+      // A crash may have lost merges that learners already applied: start a
+      // new version epoch so that every learner is answered and rebases.
+      advance_epoch(loaded->snapshot);
       syncer.restore(loaded->snapshot);
       serial = loaded->serial;
       std::printf("syncer: resumed from %s (serial %llu)\n", loaded->path.string().c_str(),

@@ -202,6 +202,32 @@ TEST_CASE("A restored syncer continues exactly as the original would, optimizer 
   CHECK(b.global_parameters() == a.global_parameters());
 }
 
+TEST_CASE("After a crash restore in a new epoch, a learner ahead of the checkpoint is answered and rebases",
+          "[checkpoint]") {
+  Rig r;
+  AvgSyncer a(r.plan, r.init, r.clock, k_of(1));
+  r.join(a, 1, 101);
+  SyncerSnapshot snap = a.snapshot();  // checkpoint at version 0
+  // After the checkpoint the old syncer merged 3 times and the learner applied them.
+  VirtualClock clock2;
+  AvgSyncer exact(r.plan, r.init, clock2, k_of(1));
+  exact.restore(snap);
+  Outbox out;
+  exact.handle(r.contribution(1, 0, 0.25f, seq0 + 4, /*version=*/3), out);
+  CHECK(exact.status().rejected[static_cast<std::size_t>(RejectReason::future_version)] == 1);
+  CHECK(out.empty());  // no answer: without a new epoch the learner would never resync
+
+  advance_epoch(snap);
+  AvgSyncer resumed(r.plan, r.init, clock2, k_of(1));
+  resumed.restore(snap);
+  out.clear();
+  resumed.handle(r.contribution(1, 0, 0.25f, seq0 + 4, /*version=*/3), out);
+  CHECK(resumed.status().rejected[static_cast<std::size_t>(RejectReason::stale)] == 1);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].message.type == MessageType::global_fragment);
+  CHECK(out[0].message.version == (std::uint64_t{1} << 32));  // newer than anything the learner holds
+}
+
 TEST_CASE("After a restore a contribution merged before the checkpoint is a duplicate and a new one is merged",
           "[checkpoint]") {
   TempDir dir;

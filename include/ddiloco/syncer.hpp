@@ -242,6 +242,21 @@ struct SyncerSnapshot {
   bool operator==(const SyncerSnapshot&) const = default;
 };
 
+/// Prepares a snapshot for a restart after a crash: moves every fragment's
+/// version to the start of the next 2^32 block (a new epoch). Merges made
+/// after the checkpoint died with the old process, but learners may have
+/// applied them, so their base versions can be ahead of the checkpoint's; the
+/// syncer would reject their contributions as future_version without an
+/// answer, and a learner ignores globals older than what it holds, so the run
+/// would never re-synchronise. In a new epoch every pre-crash base is more than
+/// max_staleness behind: the syncer answers each such contribution with its
+/// current fragment, newer than anything the learner holds, and the learner
+/// rebases on it (tests/multiprocess/kill_syncer.sh). An exact restore (same
+/// process, no lost merges) does not need this.
+inline void advance_epoch(SyncerSnapshot& s) noexcept {
+  for (auto& f : s.fragments) f.version = ((f.version >> 32) + 1) << 32;
+}
+
 template <MergeRule Rule = RadialDirectional, OuterOptimizer Opt = NesterovSGD, WeightRule Weights = TokenWeights,
           WaitPolicy Wait = QuorumPolicy>
 class Syncer {
