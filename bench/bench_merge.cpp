@@ -17,22 +17,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "bench_common.hpp"
+
 namespace {
 
 constexpr std::size_t kM = 8;
 
-/// Six tensors: an embedding of n/4, then 3n/8, n/8, n/8, n/16 and the rest.
-std::vector<ddiloco::TensorSegment> make_layout(std::size_t n) {
-  const std::size_t sizes[] = {n / 4, 3 * n / 8, n / 8, n / 8, n / 16};
-  std::vector<ddiloco::TensorSegment> layout;
-  std::size_t offset = 0;
-  for (std::size_t k = 0; k < 5; ++k) {
-    layout.push_back({offset, sizes[k], k == 0});
-    offset += sizes[k];
-  }
-  layout.push_back({offset, n - offset, false});
-  return layout;
-}
+using ddiloco::bench::make_layout;
 
 /// M contributions of n elements, cached for the current n only (2^24 x 8 floats = 512 MiB).
 const std::vector<std::vector<float>>& contributions(std::size_t n) {

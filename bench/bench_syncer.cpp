@@ -44,24 +44,15 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.hpp"
+
 namespace fast = ddiloco::fast;
 
 namespace {
 
 using ddiloco::Codec;
 
-/// Six tensors, as in bench_merge.cpp: an embedding of n/4, then 3n/8, n/8, n/8, n/16 and the rest.
-std::vector<ddiloco::TensorSegment> make_layout(std::size_t n) {
-  const std::size_t sizes[] = {n / 4, 3 * n / 8, n / 8, n / 8, n / 16};
-  std::vector<ddiloco::TensorSegment> layout;
-  std::size_t offset = 0;
-  for (std::size_t k = 0; k < 5; ++k) {
-    layout.push_back({offset, sizes[k], k == 0});
-    offset += sizes[k];
-  }
-  layout.push_back({offset, n - offset, false});
-  return layout;
-}
+using ddiloco::bench::make_layout;
 
 std::vector<float> lcg_vector(std::size_t n, std::uint32_t seed) {
   std::vector<float> v(n);
