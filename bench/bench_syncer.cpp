@@ -97,6 +97,22 @@ std::size_t min_round_bytes(std::size_t n, std::size_t m, Codec codec) {
   return m * ddiloco::encoded_size(codec, n) + 4 * n + (m - 1) * 8 * n + 20 * n;
 }
 
+/// One syncer round with the fast kernels: M contributions accumulated (fp32,
+/// or decoded inside the merge passes), then finish + Nesterov in one pass.
+template <Codec C, class Acc, class In>
+void fast_round(Acc& acc, const In& in, std::size_t m, const ddiloco::NesterovSGD& opt, std::vector<float>& theta,
+                std::vector<float>& momentum) {
+  acc.reset();
+  for (std::size_t k = 0; k < m; ++k) {
+    if constexpr (C == Codec::fp32) {
+      acc.add(in.fp32[k], weight(k));
+    } else {
+      acc.add_encoded(C, in.encoded[k], weight(k));
+    }
+  }
+  acc.finish_step(opt, 1.0f, theta, momentum);
+}
+
 void set_rates(benchmark::State& state, std::size_t bytes, std::size_t items) {
   const auto it = static_cast<std::int64_t>(state.iterations());
   state.SetBytesProcessed(it * static_cast<std::int64_t>(bytes));
@@ -158,15 +174,7 @@ void BM_FastRound(benchmark::State& state) {
   const ddiloco::NesterovSGD opt;
   std::vector<float> theta(n, 1.0f), momentum(n, 0.0f);
   for (auto _ : state) {
-    acc.reset();
-    for (std::size_t k = 0; k < m; ++k) {
-      if constexpr (C == Codec::fp32) {
-        acc.add(in.fp32[k], weight(k));
-      } else {
-        acc.add_encoded(C, in.encoded[k], weight(k));
-      }
-    }
-    acc.finish_step(opt, 1.0f, theta, momentum);
+    fast_round<C>(acc, in, m, opt, theta, momentum);
     benchmark::DoNotOptimize(theta.data());
     benchmark::ClobberMemory();
   }
@@ -236,15 +244,7 @@ void BM_RooflinePair(benchmark::State& state) {
     benchmark::DoNotOptimize(a.data());
     benchmark::ClobberMemory();
     const auto t1 = Clock::now();
-    acc.reset();
-    for (std::size_t k = 0; k < m; ++k) {
-      if constexpr (C == Codec::fp32) {
-        acc.add(in.fp32[k], weight(k));
-      } else {
-        acc.add_encoded(C, in.encoded[k], weight(k));
-      }
-    }
-    acc.finish_step(opt, 1.0f, theta, momentum);
+    fast_round<C>(acc, in, m, opt, theta, momentum);
     benchmark::DoNotOptimize(theta.data());
     benchmark::ClobberMemory();
     const auto t2 = Clock::now();
