@@ -800,7 +800,8 @@ class Syncer {
     const TimePoint started = clock_->now();
     f.acc->finish(f.delta);
     if (config_.participation_scaling) {
-      const std::size_t k = f.contributors.size(), live = std::max(alive(), k);
+      // f.round.alive was counted by decide_and_merge() just before this merge.
+      const std::size_t k = f.contributors.size(), live = std::max(f.round.alive, k);
       if (k < live) {
         const float share = static_cast<float>(k) / static_cast<float>(live);
         for (float& x : f.delta) x *= share;
