@@ -26,14 +26,53 @@
 //                    H/P steps, each stalls with window 0.
 //   streaming_overlap[_quantized]: the same with window tau * T (the result is
 //                    needed tau steps later), optionally with quantised bits.
-//   decoupled      : learners never stall; the link must carry P fragments
-//                    (quantised bits) per H steps, else the learners' work
-//                    outruns what can be merged:
-//                    utilisation = min(1, H T / (P c_fragment)).
+//   decoupled      : learners never stall; each direction of the link must
+//                    carry its fragments per H steps, else the learners' work
+//                    outruns what can be merged (see "Decoupled DiLoCo's two
+//                    directions" below):
+//                    utilisation = min(1, H T / (P c_up), H T / (P f c_down)).
 // Bits per layer = params / L * bits * ring, with ring = 2 (W - 1) / W for a
 // ring all-reduce among W workers (W = 2: 1). Decoupled learners talk to a
 // syncer (a star, one link per learner), so ring = 1 there. 1 Gbit = `gbit`
 // bits (1e9 by default).
+//
+// # Decoupled DiLoCo's two directions (algorithm.md 3, 4.5, 4.6)
+// Each of the M learners sends each of its P fragments once per H steps
+// (step 2 of the round), in `quantized_bits`. The syncer merges fragment p
+// once K contributions are in (the minimum quorum, 4.5) and sends the merged
+// Theta_p back (step 3), in `global_bits`, to
+//   alive        : every live learner (algorithm.md 3, step 3: "to every learner");
+//   contributors : only the learners whose contributions the merge holds.
+// Per fragment period (H steps) fragment p receives M contributions; every
+// contribution is merged exactly once (algorithm.md 6) and a merge holds at
+// least K of them, so there are at most M / K merges. The fanout f = global
+// fragments one learner receives per fragment it sends:
+//   alive        : f = (M / K merges) * (M receivers) / (M senders) = M / K
+//                  (K = 1, learners out of phase: every contribution is merged
+//                  alone and broadcast to all M, so f = M; K = M: f = 1);
+//   contributors : f = (M / K merges) * (K receivers) / M = 1.
+// M / K is the upper bound: a grace window (4.5) or contributions arriving
+// together make merges larger and f smaller for `alive` (the measured merges
+// per contribution scale it). Per learner, at step time T:
+//     up   bits/s = params * quantized_bits / (H T)
+//     down bits/s = f * params * global_bits / (H T)
+// One fragment's transfer each way, on that learner's own link (a star:
+// up and down are the two directions, each `gbps`):
+//     c_up   = params / P * quantized_bits / bandwidth + latency
+//     c_down = params / P * global_bits    / bandwidth + latency
+// Utilisation: per P fragments sent the up-link carries P transfers and the
+// down-link P f, one after another (the latency counted per transfer, as
+// for the up-link: pessimistic when fragments are in flight together):
+//     utilisation = min(1, H T / (P c_up), H T / (P f c_down))
+// The round trip of one fragment, send -> merge -> its own global back, is
+// c_up + c_down (two latencies; the merge time is not modelled). Learners do
+// not wait for it (algorithm.md 3, step 4: the global is applied tau steps
+// after the send, or on arrival if later), so a round trip longer than the
+// overlap window tau T costs staleness, not compute: decoupled_link() reports
+// it as the apply delay max(tau, (c_up + c_down) / T) in steps.
+// The defaults (M = K = 1, global_bits = 0 meaning "as quantized_bits") make
+// the down-link the mirror of the up-link (f = 1, c_down = c_up), so every
+// number computed before the down-link was modelled is unchanged.
 #pragma once
 
 #include <algorithm>
@@ -65,6 +104,9 @@ inline std::string_view method_name(Method m) noexcept {
   return "?";
 }
 
+/// To whom the syncer sends a merged fragment (the syncer's `--send-merged-to`).
+enum class SendMerged { alive, contributors };
+
 struct BandwidthScenario {
   double params = 1e9;                ///< parameters exchanged (the whole model)
   std::size_t layers = 24;            ///< L
@@ -81,6 +123,12 @@ struct BandwidthScenario {
   // Decoupled DiLoCo (the paper's defaults)
   std::size_t decoupled_fragments = 24;
   std::size_t decoupled_sync_every = 24;
+  std::size_t decoupled_overlap = 2;   ///< tau: a merged fragment is applied tau steps after the send
+  // Decoupled DiLoCo's down-link (see the header comment); the defaults mirror the up-link.
+  std::size_t decoupled_learners = 1;  ///< M: live learners connected to the syncer
+  std::size_t decoupled_quorum = 1;    ///< K: contributions per merge (the minimum quorum)
+  SendMerged send_merged_to = SendMerged::alive;
+  double global_bits = 0;              ///< bits per value of the merged fragments sent back; 0: quantized_bits
 
   void validate() const {
     const auto bad = [](const char* what, double v, const char* fix) {
@@ -99,6 +147,11 @@ struct BandwidthScenario {
     if (!(latency_s >= 0)) bad("latency_s", latency_s, "must be >= 0");
     if (!(gbit > 0)) bad("gbit", gbit, "must be > 0");
     if (decoupled_fragments < 1 || decoupled_sync_every < 1) bad("decoupled_fragments", 0, "P and H must be >= 1");
+    if (decoupled_learners < 1) bad("decoupled_learners", 0, "M must be >= 1");
+    if (decoupled_quorum < 1 || decoupled_quorum > decoupled_learners) {
+      bad("decoupled_quorum", static_cast<double>(decoupled_quorum), "K must be in [1, decoupled_learners]");
+    }
+    if (!(global_bits >= 0)) bad("global_bits", global_bits, "must be > 0, or 0 for quantized_bits");
   }
 };
 
@@ -130,7 +183,23 @@ inline std::vector<std::size_t> all_layers(std::size_t n) {
   return v;
 }
 
+inline double global_bits(const BandwidthScenario& s) { return s.global_bits > 0 ? s.global_bits : s.quantized_bits; }
+
+/// f without validation (compute_utilisation validates once).
+inline double decoupled_fanout(const BandwidthScenario& s) {
+  if (s.send_merged_to == SendMerged::contributors) return 1.0;
+  return static_cast<double>(s.decoupled_learners) / static_cast<double>(s.decoupled_quorum);
+}
+
 }  // namespace detail
+
+/// Global fragments one Decoupled learner receives per fragment it sends:
+/// M / K when merges go to every alive learner, 1 when only to their
+/// contributors (header comment).
+inline double decoupled_fanout(const BandwidthScenario& s) {
+  s.validate();
+  return detail::decoupled_fanout(s);
+}
 
 /// Compute utilisation in [0, 1] of `m` on a link of `gbps` (per direction).
 inline double compute_utilisation(Method m, const BandwidthScenario& s, double gbps) {
@@ -172,12 +241,51 @@ inline double compute_utilisation(Method m, const BandwidthScenario& s, double g
       return H * T / (H * T + stalls);
     }
     case Method::decoupled: {
+      // Both directions of the learner's link (header comment, "Decoupled DiLoCo's two directions").
       const double P = static_cast<double>(s.decoupled_fragments);
-      const double c = s.params / P * s.quantized_bits / bw + s.latency_s;
-      return std::min(1.0, static_cast<double>(s.decoupled_sync_every) * T / (P * c));
+      const double period = static_cast<double>(s.decoupled_sync_every) * T;
+      const double c_up = s.params / P * s.quantized_bits / bw + s.latency_s;
+      const double c_down = s.params / P * detail::global_bits(s) / bw + s.latency_s;
+      return std::min({1.0, period / (P * c_up), period / (P * detail::decoupled_fanout(s) * c_down)});
     }
   }
   return 0.0;
+}
+
+/// One Decoupled DiLoCo learner's link, both directions, at `gbps` per
+/// direction (header comment, "Decoupled DiLoCo's two directions"). Rates are
+/// the load a learner offers at step time T (it never stalls), per learner.
+struct DecoupledLink {
+  double fanout = 1;             ///< f: global fragments received per fragment sent
+  double up_bits_per_s = 0;      ///< params * quantized_bits / (H T)
+  double down_bits_per_s = 0;    ///< f * params * global_bits / (H T)
+  double up_fragment_s = 0;      ///< c_up, latency included (+inf at 0 Gbit/s)
+  double down_fragment_s = 0;    ///< c_down, latency included (+inf at 0 Gbit/s)
+  double round_trip_s = 0;       ///< c_up + c_down: send -> merged -> own global back
+  double apply_delay_steps = 0;  ///< max(tau, round_trip / T): steps from a send to its apply
+  double utilisation = 0;        ///< compute_utilisation(Method::decoupled, s, gbps)
+};
+
+inline DecoupledLink decoupled_link(const BandwidthScenario& s, double gbps) {
+  s.validate();
+  DecoupledLink k;
+  const double T = s.step_s;
+  const double P = static_cast<double>(s.decoupled_fragments);
+  const double period = static_cast<double>(s.decoupled_sync_every) * T;
+  k.fanout = detail::decoupled_fanout(s);
+  k.up_bits_per_s = s.params * s.quantized_bits / period;
+  k.down_bits_per_s = k.fanout * s.params * detail::global_bits(s) / period;
+  if (gbps > 0) {
+    const double bw = gbps * s.gbit;
+    k.up_fragment_s = s.params / P * s.quantized_bits / bw + s.latency_s;
+    k.down_fragment_s = s.params / P * detail::global_bits(s) / bw + s.latency_s;
+  } else {
+    k.up_fragment_s = k.down_fragment_s = std::numeric_limits<double>::infinity();
+  }
+  k.round_trip_s = k.up_fragment_s + k.down_fragment_s;
+  k.apply_delay_steps = std::max(static_cast<double>(s.decoupled_overlap), k.round_trip_s / T);
+  k.utilisation = compute_utilisation(Method::decoupled, s, gbps);
+  return k;
 }
 
 /// The least bandwidth (Gbit/s) at which `m` reaches `target` utilisation, by
