@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -254,6 +255,40 @@ TEST_CASE("decode_frame_view validates without decoding and points into the call
   CHECK_THROWS_AS(bad.value(), ddiloco::StateError);
 }
 
+TEST_CASE("decode_frame_keep_encoded leaves a contribution's payload encoded in the caller's buffer", "[wire]") {
+  for (const Codec codec : {Codec::fp32, Codec::bf16, Codec::fp16, Codec::int8, Codec::int4}) {
+    CAPTURE(ddiloco::to_string(codec));
+    const Message m = sample(MessageType::contribution, 301);
+    const auto frame = std::make_shared<const Bytes>(ddiloco::encode_frame(m, codec));
+    const auto kept = ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame);
+    REQUIRE(kept.ok());
+    const Message& k = kept.value();
+    require_same_header(k, m);
+    CHECK(k.payload == nullptr);
+    REQUIRE(k.encoded.has_value());
+    CHECK(k.encoded->codec == codec);
+    CHECK(k.encoded->elements == 301);
+    CHECK(k.payload_size() == 301);
+    CHECK(k.encoded->bytes.data() == frame->data() + ddiloco::kFrameHeaderSize);  // no copy
+    CHECK(k.encoded->bytes.size() == ddiloco::encoded_size(codec, 301));
+    CHECK(k.payload_bytes() == k.encoded->bytes.size());
+    CHECK(k.encoded->owner.get() == frame.get());
+    // Decoding the kept bytes gives what decode_frame gives.
+    std::vector<float> values(301);
+    ddiloco::decode(codec, k.encoded->bytes, values);
+    const auto full = ddiloco::decode_frame(*frame);
+    REQUIRE(full.ok());
+    CHECK(values == *full.value().payload);
+  }
+  // Other message types are decoded to fp32 as decode_frame does.
+  const Bytes g = ddiloco::encode_frame(sample(MessageType::global_fragment, 40), Codec::bf16);
+  const auto r = ddiloco::decode_frame_keep_encoded(g, DecodeLimits{}, nullptr);
+  REQUIRE(r.ok());
+  CHECK_FALSE(r.value().encoded.has_value());
+  REQUIRE(r.value().payload != nullptr);
+  CHECK(r.value().payload->size() == 40);
+}
+
 TEST_CASE("a frame truncated at any byte offset is rejected, never decoded", "[wire]") {
   for (Codec c : ddiloco::all_codecs) {
     const Bytes f = ddiloco::encode_frame(sample(MessageType::contribution, 67), c);
@@ -340,6 +375,10 @@ TEST_CASE("each WireError is provoked by a crafted frame and counted once", "[wi
     REQUIRE_FALSE(r.ok());
     CHECK(r.error() == want);
     seen.insert(want);
+    // The receiver that keeps contributions encoded rejects the same frames for the same reason.
+    const auto kept = ddiloco::decode_frame_keep_encoded(frame, DecodeLimits{}, nullptr);
+    REQUIRE_FALSE(kept.ok());
+    CHECK(kept.error() == want);
   }
   CHECK(seen.size() == ddiloco::kWireErrorCount);  // every kind provoked
   (void)ddiloco::decode_frame(good, DecodeLimits{}, counters);

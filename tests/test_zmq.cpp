@@ -109,6 +109,41 @@ TEST_CASE("Contributions are sent with the configured codec and decoded into fp3
   CHECK(learner.counters().bytes_out < v.size() * 2);  // about 1 byte per element
 }
 
+TEST_CASE("With keep_contributions_encoded the syncer receives a contribution as the learner's int4 bytes", "[zmq]") {
+  auto scfg = plain_syncer();
+  scfg.keep_contributions_encoded = true;
+  ZmqSyncerTransport syncer(scfg, steady);
+  auto cfg = plain_learner(syncer.endpoint(), 2);
+  cfg.codec = Codec::int4;
+  ZmqLearnerTransport learner(cfg, steady);
+  std::vector<float> v(777);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::cos(0.37f * static_cast<float>(i));
+  Message m;
+  m.type = MessageType::contribution;
+  m.fingerprint = 7;
+  m.learner = 2;
+  m.steps = 3;
+  m.tokens = 30;
+  m.sequence = 5;
+  m.payload = make_payload(v);
+  REQUIRE(learner.send(std::move(m)));
+  REQUIRE(learner.send(join_message(2)));  // control messages are decoded as before
+  auto got = syncer.receive_until(steady.now() + 10s);
+  REQUIRE(got.has_value());
+  CHECK(got->payload == nullptr);
+  REQUIRE(got->encoded.has_value());
+  CHECK(got->encoded->codec == Codec::int4);
+  CHECK(got->encoded->elements == v.size());
+  CHECK(got->encoded->bytes.size() == encoded_size(Codec::int4, v.size()));
+  CHECK(got->encoded->owner != nullptr);
+  // The bytes are exactly what the learner's encoder wrote.
+  CHECK(std::equal(got->encoded->bytes.begin(), got->encoded->bytes.end(), encode(Codec::int4, v).begin()));
+  auto join = syncer.receive_until(steady.now() + 10s);
+  REQUIRE(join.has_value());
+  CHECK(join->type == MessageType::join);
+  CHECK_FALSE(join->encoded.has_value());
+}
+
 TEST_CASE("With CURVE a listed learner is served, an unlisted key is refused and a listed key cannot speak for another id",
           "[zmq]") {
   const CurveKeys server = generate_curve_keys(), good = generate_curve_keys(), other = generate_curve_keys(),

@@ -25,11 +25,13 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include <ddiloco/clock.hpp>
+#include <ddiloco/codec.hpp>
 
 namespace ddiloco {
 
@@ -59,6 +61,20 @@ constexpr std::string_view to_string(MessageType t) noexcept {
 /// Fragment values or an outer gradient, shared so a broadcast never copies.
 using Payload = std::shared_ptr<const std::vector<float>>;
 
+/// A contribution's payload still in its wire encoding (<ddiloco/codec.hpp>), as a
+/// transport received it: `bytes` (encoded_size(codec, elements) of them) stay
+/// valid while `owner` lives. A transport hands these out only when asked to
+/// (ZmqSyncerTransportConfig::keep_contributions_encoded) so the syncer can
+/// validate and fold the bytes straight into its accumulator, without an fp32
+/// copy of the payload (issue 6). The transport has checked the frame (sizes,
+/// checksums); the syncer checks the contents (valid codes, finite values).
+struct EncodedPayload {
+  Codec codec = Codec::fp32;
+  std::size_t elements = 0;
+  std::span<const std::byte> bytes;
+  std::shared_ptr<const void> owner;  ///< keeps `bytes` alive (a received network buffer)
+};
+
 struct Message {
   MessageType type = MessageType::heartbeat;
   std::uint64_t fingerprint = 0;  ///< Plan::fingerprint() of the sender's plan
@@ -70,9 +86,17 @@ struct Message {
   std::int64_t tokens = 0;        ///< contribution: tokens in this outer gradient
   std::uint64_t step = 0;         ///< sender's inner step counter when sent (observability)
   Payload payload;                ///< may be null for control messages
+  /// Set instead of `payload` for a contribution kept in its wire encoding.
+  std::optional<EncodedPayload> encoded;
 
-  [[nodiscard]] std::size_t payload_size() const noexcept { return payload ? payload->size() : 0; }
-  [[nodiscard]] std::size_t payload_bytes() const noexcept { return payload_size() * sizeof(float); }
+  /// Elements of the payload, decoded or encoded.
+  [[nodiscard]] std::size_t payload_size() const noexcept {
+    return payload ? payload->size() : encoded ? encoded->elements : 0;
+  }
+  /// Bytes the payload occupies in memory (fp32 when decoded, else its encoding).
+  [[nodiscard]] std::size_t payload_bytes() const noexcept {
+    return payload ? payload->size() * sizeof(float) : encoded ? encoded->bytes.size() : 0;
+  }
 };
 
 inline Payload make_payload(std::vector<float> values) {

@@ -48,6 +48,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -57,6 +58,7 @@
 #include <ddiloco/codec.hpp>
 #include <ddiloco/detail/checksum.hpp>
 #include <ddiloco/error.hpp>
+#include <ddiloco/fast/kernels.hpp>
 #include <ddiloco/message.hpp>
 
 namespace ddiloco {
@@ -334,12 +336,9 @@ inline FrameViewResult decode_frame_view(std::span<const std::byte> frame, const
   return FrameView{h, payload};
 }
 
-/// Decodes a whole frame into a Message (payload decoded to fp32). Never throws
-/// on bad input; may throw std::bad_alloc for a payload within the limits.
-inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeLimits& limits = {}) {
-  auto view = decode_frame_view(frame, limits);
-  if (!view) return view.error();
-  const FrameHeader& h = view.value().header;
+namespace detail {
+/// The Message fields a frame header carries (everything but the payload).
+inline Message message_from_header(const FrameHeader& h) {
   Message m;
   m.type = h.type;
   m.fingerprint = h.fingerprint;
@@ -350,11 +349,44 @@ inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeL
   m.steps = h.steps;
   m.tokens = h.tokens;
   m.step = h.step;
+  return m;
+}
+}  // namespace detail
+
+/// Decodes a whole frame into a Message (payload decoded to fp32). Never throws
+/// on bad input; may throw std::bad_alloc for a payload within the limits.
+inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeLimits& limits = {}) {
+  auto view = decode_frame_view(frame, limits);
+  if (!view) return view.error();
+  const FrameHeader& h = view.value().header;
+  Message m = detail::message_from_header(h);
   if (h.elements != 0) {
     std::vector<float> values(static_cast<std::size_t>(h.elements));
     if (!detail::try_decode(h.codec, view.value().payload, values)) return WireError::bad_payload;
     m.payload = make_payload(std::move(values));
   }
+  return m;
+}
+
+/// decode_frame for a receiver that folds contributions in their encoding (the
+/// syncer, see ZmqSyncerConfig::keep_contributions_encoded): a contribution's
+/// payload is not decoded; Message::encoded points into `frame`, which `owner`
+/// must keep alive and unchanged. The frame gets every check decode_frame makes
+/// except the float conversion: the codes are checked by a byte scan
+/// (fast::valid_encoding: WireError::bad_payload as decode_frame reports it).
+/// Finite values are the syncer's check (it sums the squared norm anyway).
+/// Other message types decode exactly as decode_frame does.
+inline DecodeResult decode_frame_keep_encoded(std::span<const std::byte> frame, const DecodeLimits& limits,
+                                              std::shared_ptr<const void> owner) {
+  auto view = decode_frame_view(frame, limits);
+  if (!view) return view.error();
+  const FrameHeader& h = view.value().header;
+  if (h.type != MessageType::contribution || h.elements == 0) return decode_frame(frame, limits);
+  const std::span<const std::byte> payload = view.value().payload;
+  const auto n = static_cast<std::size_t>(h.elements);
+  if (!fast::valid_encoding(h.codec, payload.data(), n)) return WireError::bad_payload;
+  Message m = detail::message_from_header(h);
+  m.encoded = EncodedPayload{h.codec, n, payload, std::move(owner)};
   return m;
 }
 

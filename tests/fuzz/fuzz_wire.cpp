@@ -4,7 +4,8 @@
 // almost every mutation at the header, which is what a syncer sees), and once
 // more after its two CRC-32C fields have been recomputed, so the fuzzer also
 // explores the field checks and the payload decoders behind them. Any
-// disagreement between decode_frame and decode_frame_view, or a decoded
+// disagreement between decode_frame, decode_frame_view and
+// decode_frame_keep_encoded, or a decoded
 // message that does not survive a lossless re-encoding unchanged, traps.
 // What it is not: a test of the codecs' numerical error (tests/test_codec.cpp).
 //
@@ -31,6 +32,18 @@ void check(bool ok) {
 void decode_and_check(std::span<const std::byte> frame) {
   const auto view = ddiloco::decode_frame_view(frame, kLimits);
   const auto r = ddiloco::decode_frame(frame, kLimits);
+  // The syncer's encoded path accepts and rejects exactly the same frames, and
+  // a kept contribution's bytes decode to decode_frame's payload.
+  const auto kept = ddiloco::decode_frame_keep_encoded(frame, kLimits, nullptr);
+  check(kept.ok() == r.ok());
+  if (!kept.ok()) check(kept.error() == r.error());
+  if (kept.ok() && kept.value().encoded) {
+    const auto& e = *kept.value().encoded;
+    check(e.elements == r.value().payload_size() && e.bytes.data() == frame.data() + ddiloco::kFrameHeaderSize);
+    std::vector<float> values(e.elements);
+    check(ddiloco::detail::try_decode(e.codec, e.bytes, values));
+    check(std::memcmp(values.data(), r.value().payload->data(), r.value().payload_bytes()) == 0);
+  }
   if (!r.ok()) {
     // Only payload contents are checked beyond what the view checks.
     check(r.error() == ddiloco::WireError::bad_payload ? view.ok() : (!view.ok() && view.error() == r.error()));

@@ -183,6 +183,15 @@ inline int send_frame_zero_copy(void* socket, std::vector<std::byte>&& frame, in
   return rc;
 }
 
+/// One received ZeroMQ message part, closed when the last owner lets go.
+struct ReceivedMessage {
+  zmq_msg_t msg;
+  ReceivedMessage() noexcept { zmq_msg_init(&msg); }
+  ReceivedMessage(const ReceivedMessage&) = delete;
+  ReceivedMessage& operator=(const ReceivedMessage&) = delete;
+  ~ReceivedMessage() { zmq_msg_close(&msg); }
+};
+
 /// The ZAP handler (RFC 27): accepts a CURVE client whose public key is in
 /// the allow-list and tags its connection with the learner id as User-Id.
 class ZapHandler {
@@ -258,6 +267,13 @@ struct ZmqSyncerConfig {
   Duration heartbeat_interval = std::chrono::seconds(1);
   Duration heartbeat_timeout = std::chrono::seconds(5);
   DecodeLimits limits{};
+  /// Contributions are handed to the syncer in their wire encoding
+  /// (Message::encoded, holding the received buffer) instead of decoded to
+  /// fp32: the frame is still checked here (header, sizes, checksums, valid
+  /// codes), and the syncer folds the bytes into its accumulator with the
+  /// fused decode (no copy of the payload between the socket and the
+  /// accumulator; issue 6). Off: every payload is decoded to fp32 here.
+  bool keep_contributions_encoded = false;
 };
 
 /// The syncer's end: binds a ROUTER socket and serves any number of learners.
@@ -417,7 +433,7 @@ class ZmqSyncerTransport {
 
   void receive_all() {
     for (;;) {
-      zmq_msg_t rid, body;
+      zmq_msg_t rid;
       zmq_msg_init(&rid);
       if (zmq_msg_recv(&rid, router_, ZMQ_DONTWAIT) < 0) {
         zmq_msg_close(&rid);
@@ -429,25 +445,28 @@ class ZmqSyncerTransport {
         ++counters_.decode_errors;
         continue;
       }
-      zmq_msg_init(&body);
-      zmq_msg_recv(&body, router_, 0);
+      // The body is received into a shared owner: a contribution kept encoded
+      // (keep_contributions_encoded) points into it until the syncer is done.
+      auto body = std::make_shared<detail::ReceivedMessage>();
+      zmq_msg_recv(&body->msg, router_, 0);
       // Drop any further parts of a multi-part message: the protocol has one.
       bool extra = false;
-      while (zmq_msg_more(&body)) {
+      while (zmq_msg_more(&body->msg)) {
         extra = true;
-        zmq_msg_close(&body);
-        zmq_msg_init(&body);
-        zmq_msg_recv(&body, router_, 0);
+        body = std::make_shared<detail::ReceivedMessage>();
+        zmq_msg_recv(&body->msg, router_, 0);
       }
-      const char* user = config_.security.curve ? zmq_msg_gets(&body, "User-Id") : nullptr;
-      const std::span<const std::byte> bytes(static_cast<const std::byte*>(zmq_msg_data(&body)), zmq_msg_size(&body));
+      const char* user = config_.security.curve ? zmq_msg_gets(&body->msg, "User-Id") : nullptr;
+      const std::span<const std::byte> bytes(static_cast<const std::byte*>(zmq_msg_data(&body->msg)),
+                                             zmq_msg_size(&body->msg));
       {
         std::lock_guard lock(mutex_);
         ++counters_.frames_in;
         counters_.bytes_in += bytes.size();
       }
       // Decoding (validation + payload conversion) happens outside the lock.
-      DecodeResult r = decode_frame(bytes, config_.limits);
+      DecodeResult r = config_.keep_contributions_encoded ? decode_frame_keep_encoded(bytes, config_.limits, body)
+                                                          : decode_frame(bytes, config_.limits);
       {
         std::lock_guard lock(mutex_);
         counters_.wire.record(r);
@@ -465,7 +484,6 @@ class ZmqSyncerTransport {
         }
       }
       zmq_msg_close(&rid);
-      zmq_msg_close(&body);
     }
   }
 
