@@ -231,3 +231,220 @@ TEST_CASE("fast RDA memory does not grow with the number of contributions", "[fa
   for (const auto& v : inputs_for(5077, 20, 4)) acc.add(v, 1.0);
   CHECK(acc.memory_bytes() == before);
 }
+
+// ---- add_batch ------------------------------------------------------------------
+// Tolerances: the batch sums sum_b (w_b s_b / W') v_b in fp32 in batch order
+// where the reference runs the recurrence mean += f (s v - mean); both are
+// within a few fp32 ulps per term of the exact mean, so the merged gradients
+// agree within 1e-5 relative of max |ref| (2e-5 for B = 64: up to 64 terms).
+
+namespace {
+
+/// How the elements of a test batch are encoded: all one codec, fp32 floats in
+/// `values`, or codecs cycling over every codec (mixed).
+struct BatchMode {
+  const char* label;
+  bool floats;
+  bool mixed;
+  Codec codec;
+};
+const BatchMode kModes[] = {{"fp32 values", true, false, Codec::fp32}, {"bf16", false, false, Codec::bf16},
+                            {"int8", false, false, Codec::int8},       {"int4", false, false, Codec::int4},
+                            {"mixed codecs", false, true, Codec::fp32}};
+
+/// A batch plus everything needed to check it: the payloads it points into,
+/// their decoded values (what the reference is fed) and the weights.
+struct TestBatch {
+  std::vector<Vec> values;                   // fp32 floats (floats mode)
+  std::vector<std::vector<std::byte>> bytes;  // payloads (encoded modes)
+  std::vector<Codec> codecs;
+  std::vector<Vec> decoded;
+  std::vector<double> weights;
+  std::vector<fast::Contribution> batch;
+};
+
+TestBatch make_batch(const BatchMode& mode, std::size_t n, std::size_t b, std::uint32_t seed) {
+  TestBatch tb;
+  tb.values = inputs_for(n, b, seed);
+  std::mt19937 rng(seed + 7);
+  std::uniform_real_distribution<double> wdist(0.1, 5.0);
+  for (std::size_t k = 0; k < b; ++k) {
+    tb.weights.push_back(k % 5 == 3 ? 0.0 : wdist(rng));  // every fifth is an absent learner
+    const Codec c = mode.mixed ? ddiloco::all_codecs[k % std::size(ddiloco::all_codecs)] : mode.codec;
+    tb.codecs.push_back(c);
+    if (mode.floats) {
+      tb.bytes.emplace_back();
+      tb.decoded.push_back(tb.values[k]);
+    } else {
+      tb.bytes.push_back(ddiloco::encode(c, tb.values[k]));
+      Vec d(n);
+      ddiloco::decode(c, tb.bytes.back(), d);
+      tb.decoded.push_back(std::move(d));
+    }
+  }
+  for (std::size_t k = 0; k < b; ++k) {
+    fast::Contribution c;
+    c.weight = tb.weights[k];
+    if (mode.floats) {
+      c.values = tb.values[k];
+    } else {
+      c.codec = tb.codecs[k];
+      c.bytes = tb.bytes[k];
+    }
+    tb.batch.push_back(c);
+  }
+  return tb;
+}
+
+/// The same elements added one by one with add / add_encoded.
+void add_one_by_one(fast::RadialDirectional::Accumulator& acc, const TestBatch& tb, bool floats) {
+  for (std::size_t k = 0; k < tb.weights.size(); ++k) {
+    if (floats) {
+      acc.add(tb.values[k], tb.weights[k]);
+    } else {
+      acc.add_encoded(tb.codecs[k], tb.bytes[k], tb.weights[k]);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fast RDA add_batch equals the reference and one-by-one adds for every codec, mixed codecs, "
+          "batch sizes 1, 2, 7 and 64, one and two threads",
+          "[fast][merge][batch]") {
+  fast::Workers two(2);
+  for (fast::Workers* workers : {static_cast<fast::Workers*>(nullptr), &two}) {
+    for (const auto& layout : layouts()) {
+      const std::size_t n = ddiloco::layout_size(layout);
+      for (const std::size_t b : {std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{64}}) {
+        if (b == 64 && n > 10000) continue;  // 64 contributions of the big layouts: too slow to be worth it
+        const double tol = b == 64 ? 2e-5 : 1e-5;
+        for (const BatchMode& mode : kModes) {
+          // Two batches into the same accumulators: the first starts the mean,
+          // the second folds into an existing one (W / W' != 0).
+          const TestBatch first = make_batch(mode, n, b, static_cast<std::uint32_t>(n + b));
+          const TestBatch second = make_batch(mode, n, b, static_cast<std::uint32_t>(3 * n + b + 1));
+          auto ref = ddiloco::RadialDirectional{}.make_accumulator(layout);
+          auto one = fast::RadialDirectional{workers}.make_accumulator(layout);
+          auto got = fast::RadialDirectional{workers}.make_accumulator(layout);
+          for (const TestBatch* tb : {&first, &second}) {
+            for (std::size_t k = 0; k < b; ++k) ref.add(tb->decoded[k], tb->weights[k]);
+            add_one_by_one(one, *tb, mode.floats);
+            got.add_batch(tb->batch);
+            INFO(mode.label << " n = " << n << " B = " << b << " threads = " << (workers ? workers->size() : 1)
+                            << (tb == &first ? " first batch" : " second batch"));
+            REQUIRE(got.count() == ref.count());
+            CHECK(got.total_weight() == ref.total_weight());
+            if (ref.total_weight() == 0.0) continue;  // B = 1 whose only element has weight 0
+            Vec out_ref(n), out_one(n), out_got(n);
+            ref.finish(out_ref);
+            one.finish(out_one);
+            got.finish(out_got);
+            CHECK(relative_diff(out_got, out_ref) <= tol);
+            CHECK(relative_diff(out_got, out_one) <= tol);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("fast RDA add_batch keeps the hand-computed edge cases: cancelling directions, a zero tensor, an embedding",
+          "[fast][merge][batch]") {
+  // Same inputs and hand values as the streaming edge-case test above.
+  const std::vector<TensorSegment> layout{{0, 2, false}, {2, 2, false}, {4, 1, true}};
+  const Vec a{1.0f, 2.0f, 0.0f, 0.0f, 1.0f};
+  const Vec b{-1.0f, -2.0f, 3.0f, 4.0f, 3.0f};
+  fast::Workers two(2);
+  for (fast::Workers* workers : {static_cast<fast::Workers*>(nullptr), &two}) {
+    auto acc = fast::RadialDirectional{workers}.make_accumulator(layout);
+    const fast::Contribution batch[] = {{Codec::fp32, a, {}, 1.0}, {Codec::fp32, b, {}, 1.0}};
+    acc.add_batch(batch);
+    Vec out(5);
+    acc.finish(out);
+    CHECK(out[0] == 0.0f);
+    CHECK(out[1] == 0.0f);
+    CHECK(out[2] == Approx(1.5f).epsilon(1e-6));
+    CHECK(out[3] == Approx(2.0f).epsilon(1e-6));
+    CHECK(out[4] == Approx(2.0f).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("fast RDA add_batch skips zero weights without reading them and counts only the others",
+          "[fast][merge][batch]") {
+  const std::vector<TensorSegment> layout{{0, 100, false}, {100, 30, true}};
+  const auto inputs = inputs_for(130, 2, 8);
+  auto corrupt = ddiloco::encode(Codec::int8, inputs[1]);
+  corrupt[4 * 2 + 5] = std::byte{0x80};  // a -128 code: invalid, but its weight is 0
+  auto acc = fast::RadialDirectional{}.make_accumulator(layout);
+  const fast::Contribution zeros[] = {{Codec::fp32, inputs[0], {}, 0.0}, {Codec::int8, {}, corrupt, 0.0}};
+  acc.add_batch(zeros);
+  CHECK(acc.count() == 0);
+  CHECK(acc.total_weight() == 0.0);
+  Vec out(130);
+  CHECK_THROWS_AS(acc.finish(out), ddiloco::StateError);
+  const fast::Contribution some[] = {{Codec::fp32, inputs[0], {}, 2.0}, {Codec::int8, {}, corrupt, 0.0}};
+  acc.add_batch(some);
+  CHECK(acc.count() == 1);
+  CHECK(acc.total_weight() == 2.0);
+  acc.finish(out);
+  // One contribution: RDA returns it (norm * direction), the embedding as is.
+  CHECK(relative_diff(out, inputs[0]) <= 1e-6);
+  acc.add_batch({});  // an empty batch changes nothing
+  CHECK(acc.count() == 1);
+}
+
+TEST_CASE("fast RDA add_batch with one bad element throws and leaves the accumulator unchanged",
+          "[fast][merge][batch][errors]") {
+  const std::vector<TensorSegment> layout{{0, 100, false}, {100, 60, false}};
+  const auto inputs = inputs_for(160, 3, 3);
+  auto good = ddiloco::encode(Codec::int4, inputs[1]);
+  auto bad = good;
+  bad[4 * 3 + 7] = std::byte{0x88};  // two -8 codes
+  const Vec short_values(159, 1.0f);
+  auto acc = fast::RadialDirectional{}.make_accumulator(layout);
+  acc.add(inputs[0], 1.0);
+  Vec before(160);
+  acc.finish(before);
+
+  auto unchanged = [&] {
+    CHECK(acc.count() == 1);
+    CHECK(acc.total_weight() == 1.0);
+    Vec out(160);
+    acc.finish(out);
+    CHECK(out == before);  // bit for bit: the mean was not touched
+  };
+  // The bad element is last, so the good ones before it were validated already.
+  const fast::Contribution corrupt[] = {{Codec::fp32, inputs[2], {}, 1.0}, {Codec::int4, {}, good, 2.0},
+                                        {Codec::int4, {}, bad, 1.0}};
+  CHECK_THROWS_AS(acc.add_batch(corrupt), ddiloco::ProtocolError);
+  unchanged();
+  const fast::Contribution wrong_size[] = {{Codec::int4, {}, good, 2.0}, {Codec::fp32, short_values, {}, 1.0}};
+  CHECK_THROWS_AS(acc.add_batch(wrong_size), ddiloco::ShapeMismatch);
+  unchanged();
+  const fast::Contribution short_bytes[] = {
+      {Codec::int4, {}, std::span<const std::byte>(good).first(good.size() - 1), 1.0}};
+  CHECK_THROWS_AS(acc.add_batch(short_bytes), ddiloco::ShapeMismatch);
+  unchanged();
+  // An int codec needs bytes: values alone are not an int4 payload.
+  const fast::Contribution values_as_int4[] = {{Codec::int4, inputs[2], {}, 1.0}};
+  CHECK_THROWS_AS(acc.add_batch(values_as_int4), ddiloco::ShapeMismatch);
+  unchanged();
+  for (const double w : {-1.0, std::nan(""), HUGE_VAL}) {
+    const fast::Contribution bad_weight[] = {{Codec::fp32, inputs[2], {}, 1.0}, {Codec::int4, {}, good, w}};
+    CHECK_THROWS_AS(acc.add_batch(bad_weight), ddiloco::InvalidArgument);
+    unchanged();
+  }
+}
+
+TEST_CASE("fast RDA memory does not grow with the batch size", "[fast][merge][batch]") {
+  const std::vector<TensorSegment> layout{{0, 5000, false}, {5000, 77, true}};
+  auto acc = fast::RadialDirectional{}.make_accumulator(layout);
+  const std::size_t before = acc.memory_bytes();
+  const auto inputs = inputs_for(5077, 40, 4);
+  std::vector<fast::Contribution> batch;
+  for (const auto& v : inputs) batch.push_back({Codec::fp32, v, {}, 1.0});
+  acc.add_batch(batch);
+  CHECK(acc.count() == 40);
+  CHECK(acc.memory_bytes() == before);
+}

@@ -137,6 +137,45 @@ namespace detail {
   }
 }
 
+/// The batched merge's element loops (fast::RadialDirectional::add_batch,
+/// algorithm.md 4.4): a chunk of the new mean is built in an L1-resident
+/// buffer `acc` as  acc = a_0 mean + sum_b a_b x_b,  then stored:
+///     scale_into     acc_i  = a * x_i
+///     axpy           acc_i += a * x_i
+///     axpy_store_sq  mean_i = acc_i + a * x_i, returns sum_i mean_i^2
+/// (reference: the same sum written out in tests/test_fast_kernels.cpp).
+[[gnu::always_inline]] inline void scale_into_base(float a, const float* __restrict__ x, float* __restrict__ out,
+                                                   std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = a * x[i];
+}
+[[gnu::always_inline]] inline void axpy_base(float a, const float* __restrict__ x, float* __restrict__ acc,
+                                             std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) acc[i] += a * x[i];
+}
+[[gnu::always_inline]] inline double axpy_store_sq_base(float a, const float* __restrict__ x,
+                                                        const float* __restrict__ acc, float* __restrict__ mean,
+                                                        std::size_t n) noexcept {
+  double total = 0.0;
+  std::size_t i = 0;
+  for (; i + kNormBlock <= n; i += kNormBlock) {
+    float lanes[kLanes] = {};
+    for (std::size_t k = 0; k < kNormBlock; k += kLanes) {
+      for (std::size_t j = 0; j < kLanes; ++j) {
+        const float m = acc[i + k + j] + a * x[i + k + j];
+        mean[i + k + j] = m;
+        lanes[j] += m * m;
+      }
+    }
+    total += detail::lane_sum(lanes);
+  }
+  for (; i < n; ++i) {
+    const float m = acc[i] + a * x[i];
+    mean[i] = m;
+    total += static_cast<double>(m) * static_cast<double>(m);
+  }
+  return total;
+}
+
 /// out_i = c * x_i (the non-fused finish).
 inline void scale(float c, const float* __restrict__ x, float* __restrict__ out, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) out[i] = c * x[i];
@@ -246,6 +285,14 @@ DDILOCO_FAST_AVX2 inline void scaled_nesterov_avx2(float c, float share, const f
                             float* __restrict__ theta, float* __restrict__ b, std::size_t n) noexcept { return scaled_nesterov_base(c, share, mean, mu, eta, theta, b, n); }
 DDILOCO_FAST_AVX2 inline bool decode_range_avx2(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
                          std::size_t len, float* __restrict__ out) noexcept { return decode_range_base(codec, in, n, lo, len, out); }
+DDILOCO_FAST_AVX2 inline void scale_into_avx2(float a, const float* __restrict__ x, float* __restrict__ out,
+                                                std::size_t n) noexcept { scale_into_base(a, x, out, n); }
+DDILOCO_FAST_AVX2 inline void axpy_avx2(float a, const float* __restrict__ x, float* __restrict__ acc,
+                                          std::size_t n) noexcept { axpy_base(a, x, acc, n); }
+DDILOCO_FAST_AVX2 inline double axpy_store_sq_avx2(float a, const float* __restrict__ x, const float* __restrict__ acc,
+                                                     float* __restrict__ mean, std::size_t n) noexcept {
+  return axpy_store_sq_base(a, x, acc, mean, n);
+}
 #undef DDILOCO_FAST_AVX2
 #endif
 
@@ -306,6 +353,31 @@ inline void scaled_nesterov(float c, float share, const float* __restrict__ mean
   if (detail::avx2_enabled()) return detail::scaled_nesterov_avx2(c, share, mean, mu, eta, theta, b, n);
 #endif
   return detail::scaled_nesterov_base(c, share, mean, mu, eta, theta, b, n);
+}
+
+/// acc_i = a * x_i (batched merge; see detail::scale_into_base).
+inline void scale_into(float a, const float* __restrict__ x, float* __restrict__ out, std::size_t n) noexcept {
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+  if (detail::avx2_enabled()) return detail::scale_into_avx2(a, x, out, n);
+#endif
+  detail::scale_into_base(a, x, out, n);
+}
+
+/// acc_i += a * x_i (batched merge).
+inline void axpy(float a, const float* __restrict__ x, float* __restrict__ acc, std::size_t n) noexcept {
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+  if (detail::avx2_enabled()) return detail::axpy_avx2(a, x, acc, n);
+#endif
+  detail::axpy_base(a, x, acc, n);
+}
+
+/// mean_i = acc_i + a * x_i, returns sum_i mean_i^2 (batched merge, last contribution).
+inline double axpy_store_sq(float a, const float* __restrict__ x, const float* __restrict__ acc,
+                            float* __restrict__ mean, std::size_t n) noexcept {
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+  if (detail::avx2_enabled()) return detail::axpy_store_sq_avx2(a, x, acc, mean, n);
+#endif
+  return detail::axpy_store_sq_base(a, x, acc, mean, n);
 }
 
 inline bool decode_range(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,

@@ -27,6 +27,30 @@
 // both passes over one group before the next, so when a group fits in the cache
 // pass 2 re-reads the contribution from cache, not memory. The accumulator holds
 // one float per element plus three doubles per tensor, whatever M is.
+//
+// # Batched: add_batch, one pass over the mean for B contributions
+// The streaming add reads and writes the fp32 mean once per contribution
+// (8 bytes per element each time). When B contributions of the fragment are in
+// memory at once (learners in phase, a drained queue), add_batch folds them in
+// one pass. Per tensor, with W the total weight before the batch, w_b the
+// weights, s_b = 1 / ||v_b|| (0 when v_b = 0; 1 for embeddings) and
+// W' = W + sum_b w_b, the streaming recurrence (algorithm.md 4.4,
+// mean_k = mean_{k-1} + (w_k / W_k)(s_k v_k - mean_{k-1}), i.e.
+// W_k mean_k = W_{k-1} mean_{k-1} + w_k s_k v_k) unrolled over the batch is
+//     W' mean' = W mean + sum_b w_b s_b v_b
+//     mean'    = (W / W') mean + sum_b (w_b s_b / W') v_b,
+// the same weighted mean of directions, only summed in a different order; and
+// sum_m w_m ||v_m|| gains sum_b w_b ||v_b||. For each group of whole tensors:
+//   pass 1  ||v_{b,t}||^2 of every contribution (int8/int4 from the codes);
+//   pass 2  chunk by chunk (kBatchChunk elements, L1): acc = (W / W') mean,
+//           acc += (w_b s_b / W') v_b for each b (decoded into an L1 buffer),
+//           mean = acc, summing ||mean_t||^2 on the way.
+// Bytes per element for a batch: the contributions twice (pass 2 re-reads them
+// from cache when B contributions of a group fit in L2, else from memory) and
+// the mean once each way: fp32 ~ 4B (+ 4B) + 8, int4 ~ 0.56B (+ 0.56B) + 8,
+// against 4B + 8B for B streaming adds. Batches larger than kMaxBatch are
+// folded kMaxBatch at a time (the hardware prefetchers track a bounded number
+// of streams). No buffer per contribution: the contributions are the caller's.
 #pragma once
 
 #include <algorithm>
@@ -75,6 +99,17 @@ class Workers {
   std::unique_ptr<ddiloco::detail::ThreadPool> pool_;
 };
 
+/// One contribution of a batch for RadialDirectional::Accumulator::add_batch:
+/// fp32 floats in `values` (when `bytes` is empty, codec must be fp32), or a
+/// payload in its wire encoding (<ddiloco/codec.hpp>) in `bytes`. Not owned:
+/// the spans must stay valid for the add_batch call.
+struct Contribution {
+  Codec codec = Codec::fp32;
+  std::span<const float> values;     // used when bytes is empty
+  std::span<const std::byte> bytes;  // encoded payload
+  double weight = 0.0;
+};
+
 /// Drop-in for ddiloco::RadialDirectional (same MergeRule, same maths, same edge
 /// cases), built from the fused kernels of <ddiloco/fast/kernels.hpp>. `workers`
 /// (optional, not owned, must outlive the accumulators) splits every pass.
@@ -83,6 +118,11 @@ struct RadialDirectional {
   static constexpr double cancellation_threshold = ddiloco::RadialDirectional::cancellation_threshold;
   /// Target elements per tensor group (1 MiB of fp32 per contribution).
   static constexpr std::size_t kGroup = std::size_t{1} << 18;
+  /// add_batch: contributions folded per pass over the mean.
+  static constexpr std::size_t kMaxBatch = 16;
+  /// add_batch: elements per pass-2 chunk (8 KiB of fp32 accumulator, L1).
+  static constexpr std::size_t kBatchChunk = 2048;
+  static_assert(kBatchChunk % kQuantBlock == 0 && kBatchChunk <= kChunk);
 
   Workers* workers = nullptr;
 
@@ -97,7 +137,8 @@ struct RadialDirectional {
           mean_sq_(layout_.size(), 0.0),
           scale_(layout_.size(), 0.0f),
           partial_(parts_ * layout_.size(), 0.0),
-          buffers_(parts_ * kChunk, 0.0f) {
+          buffers_(parts_ * kChunk, 0.0f),
+          batch_acc_(parts_ * kBatchChunk, 0.0f) {
       // Groups of whole tensors, each closed once it reaches kGroup elements.
       std::size_t start = 0, first = 0, count = 0;
       for (std::size_t t = 0; t < layout_.size(); ++t) {
@@ -144,6 +185,56 @@ struct RadialDirectional {
       add_impl(EncodedSource{codec, bytes.data()}, weight);
     }
 
+    /// Adds every contribution of `batch` in one pass over the mean per group
+    /// of kMaxBatch (see "Batched" at the top of this file). The result equals
+    /// add / add_encoded of each element in order, up to float summation order.
+    /// Every element is checked first, as add (values) / add_encoded (bytes)
+    /// check it; if any throws (ShapeMismatch, InvalidArgument, ProtocolError)
+    /// the accumulator is unchanged. Weight-0 elements are skipped unread.
+    void add_batch(std::span<const Contribution> batch) {
+      std::vector<Item> items;
+      items.reserve(batch.size());
+      for (std::size_t k = 0; k < batch.size(); ++k) {
+        const Contribution& c = batch[k];
+        const bool floats = c.bytes.empty() && c.codec == Codec::fp32;
+        if (floats) {
+          if (c.values.size() != size_) {
+            throw ShapeMismatch(ddiloco::detail::msg(name, "::add_batch: element ", k, " has ", c.values.size(),
+                                                     " values but the fragment layout has ", size_,
+                                                     " elements; pass the whole fragment's flat buffer"));
+          }
+        } else {
+          const std::size_t need = encoded_size(c.codec, size_);
+          if (c.bytes.size() != need) {
+            throw ShapeMismatch(ddiloco::detail::msg(name, "::add_batch: element ", k, " (", to_string(c.codec),
+                                                     ") has ", c.bytes.size(), " bytes but a fragment of ", size_,
+                                                     " elements needs ", need, "; pass the whole fragment's payload"));
+          }
+        }
+        if (!(std::isfinite(c.weight) && c.weight >= 0.0)) {
+          throw InvalidArgument(ddiloco::detail::msg(name, "::add_batch: element ", k, " has weight = ", c.weight,
+                                                     "; it must be finite and >= 0 (use 0 for an absent learner)"));
+        }
+        if (c.weight == 0.0) continue;
+        if (!floats && !fast::valid_encoding(c.codec, c.bytes.data(), size_)) {
+          throw ProtocolError(ddiloco::detail::msg(name, "::add_batch: element ", k, " (", to_string(c.codec),
+                                                   "): ", size_, " elements hold a negative/non-finite scale, a "
+                                                   "code outside [-Q, Q] or a nonzero padding nibble; the payload "
+                                                   "is corrupt, drop it (the accumulator is unchanged)"));
+        }
+        items.push_back({floats ? c.values.data() : nullptr, floats ? nullptr : c.bytes.data(), c.codec, c.weight});
+      }
+      if (items.empty()) return;
+      const std::size_t nt = layout_.size();
+      const std::size_t sub = std::min(items.size(), kMaxBatch);
+      std::vector<float> alpha(sub * nt);            // per item and tensor: w_b s_b / W'
+      std::vector<double> partial(parts_ * sub * nt);  // per part, item and tensor
+      for (std::size_t first_item = 0; first_item < items.size(); first_item += kMaxBatch) {
+        const std::size_t b_end = std::min(items.size(), first_item + kMaxBatch);
+        add_sub_batch(std::span<const Item>(items.data() + first_item, b_end - first_item), alpha, partial);
+      }
+    }
+
     /// MergeRule requirement 5 (the reference's finish, without a norm pass).
     void finish(std::span<float> out) const {
       check_finish(out);
@@ -186,7 +277,8 @@ struct RadialDirectional {
     [[nodiscard]] std::size_t memory_bytes() const noexcept {
       return mean_.capacity() * sizeof(float) +
              (weighted_norm_sum_.capacity() + mean_sq_.capacity() + partial_.capacity()) * sizeof(double) +
-             (scale_.capacity() + buffers_.capacity()) * sizeof(float) + bookkeeping_bytes();
+             (scale_.capacity() + buffers_.capacity() + batch_acc_.capacity()) * sizeof(float) +
+             bookkeeping_bytes();
     }
 
    private:
@@ -306,6 +398,121 @@ struct RadialDirectional {
       }
     }
 
+    struct Item {
+      const float* values;     // fp32 floats, or nullptr
+      const std::byte* bytes;  // encoded payload when values is nullptr
+      Codec codec;
+      double weight;
+    };
+
+    /// Bytes per element of an item in memory.
+    double item_bytes_per_element(const Item& it) const noexcept {
+      if (it.values) return 4.0;
+      return static_cast<double>(encoded_size(it.codec, size_)) / static_cast<double>(size_);
+    }
+
+    /// One pass over the mean for items (at most kMaxBatch, weights > 0, all
+    /// validated). alpha and partial are scratch of sub * nt and parts * sub * nt.
+    void add_sub_batch(std::span<const Item> items, std::vector<float>& alpha, std::vector<double>& partial) {
+      const std::size_t nt = layout_.size();
+      const bool first = count_ == 0;
+      const double w_before = total_weight_;
+      for (const Item& it : items) (void)record(it.weight);
+      const double w_after = total_weight_;
+      const auto keep = static_cast<float>(w_before / w_after);  // W / W'
+      // Groups of whole tensors holding about 1 MiB of the items together, so
+      // pass 2 finds them in L2 (a tensor larger than that is a group alone).
+      double bytes_per_element = 0.0;
+      for (const Item& it : items) bytes_per_element += item_bytes_per_element(it);
+      const auto target = static_cast<std::size_t>(static_cast<double>(kGroup) * 4.0 / bytes_per_element);
+      std::size_t glo = 0, gfirst = 0;
+      for (std::size_t t = 0; t < nt; ++t) {
+        const std::size_t ghi = layout_[t].offset + layout_[t].size;
+        if (ghi - glo < target && t + 1 < nt) continue;
+        fold_group({glo, ghi, gfirst, t + 1}, items, first, keep, w_after, alpha, partial);
+        glo = ghi;
+        gfirst = t + 1;
+      }
+    }
+
+    void fold_group(const Group& g, std::span<const Item> items, bool first, float keep, double w_after,
+                    std::vector<float>& alpha, std::vector<double>& partial) {
+      const std::size_t nt = layout_.size(), nb = items.size();
+      // Pass 1: partial ||v_{b,t}||^2 per part, item and tensor of the group.
+      for (std::size_t p = 0; p < parts_; ++p) {
+        for (std::size_t b = 0; b < nb; ++b) {
+          std::fill_n(partial.data() + (p * nb + b) * nt + g.first, g.last - g.first, 0.0);
+        }
+      }
+      for_range(g.lo, g.hi, [&](std::size_t part, std::size_t lo, std::size_t hi) {
+        for (std::size_t b = 0; b < nb; ++b) {
+          const Item& it = items[b];
+          double* sq = partial.data() + (part * nb + b) * nt;
+          for_each_piece(lo, hi, [&](std::size_t t, std::size_t a, std::size_t len) {
+            if (layout_[t].embedding) return;
+            sq[t] += it.values ? fast::squared_norm(it.values + a, len)
+                               : fast::encoded_squared_norm(it.codec, it.bytes, size_, a, len);
+          });
+        }
+      });
+      for (std::size_t b = 0; b < nb; ++b) {
+        for (std::size_t t = g.first; t < g.last; ++t) {
+          double s = 1.0;  // embedding: running mean of v itself
+          if (!layout_[t].embedding) {
+            double sq = 0.0;
+            for (std::size_t p = 0; p < parts_; ++p) sq += partial[(p * nb + b) * nt + t];
+            const double norm = std::sqrt(sq);
+            weighted_norm_sum_[t] += items[b].weight * norm;            // sum w ||v||
+            s = norm >= FLT_MIN ? static_cast<double>(static_cast<float>(1.0 / norm)) : 0.0;  // phi(0) = 0
+          }
+          alpha[b * nt + t] = static_cast<float>(items[b].weight * s / w_after);
+        }
+      }
+      // Pass 2: mean = keep * mean + sum_b alpha_{b,t} v_b, chunk by chunk;
+      // partial ||mean_t||^2 per part (reusing the item-0 slots).
+      for (std::size_t p = 0; p < parts_; ++p) std::fill_n(partial.data() + p * nb * nt + g.first, g.last - g.first, 0.0);
+      for_range(g.lo, g.hi, [&](std::size_t part, std::size_t lo, std::size_t hi) {
+        float* acc = batch_acc_.data() + part * kBatchChunk;
+        float* dec = buffers_.data() + part * kChunk;
+        double* sq = partial.data() + part * nb * nt;
+        const std::size_t end = std::min(size_, (hi + kQuantBlock - 1) / kQuantBlock * kQuantBlock);
+        for (std::size_t c = lo / kQuantBlock * kQuantBlock; c < hi; c += kBatchChunk) {
+          const std::size_t clen = std::min(kBatchChunk, end - c);
+          const std::size_t a0 = std::max(c, lo), a1 = std::min(c + clen, hi);
+          if (a1 <= a0) continue;
+          if (first) {
+            std::fill_n(acc, a1 - a0, 0.0f);
+          } else {
+            fast::scale_into(keep, mean_.data() + a0, acc, a1 - a0);
+          }
+          for (std::size_t b = 0; b < nb; ++b) {
+            const Item& it = items[b];
+            const float* x = nullptr;  // element a0 of item b
+            if (it.values) {
+              x = it.values + a0;
+            } else {
+              decode_range(it.codec, it.bytes, size_, c, clen, dec);  // validated by add_batch
+              x = dec + (a0 - c);
+            }
+            const float* ab = alpha.data() + b * nt;
+            const bool last = b + 1 == nb;
+            for_each_piece(a0, a1, [&](std::size_t t, std::size_t a, std::size_t len) {
+              if (last) {
+                sq[t] += fast::axpy_store_sq(ab[t], x + (a - a0), acc + (a - a0), mean_.data() + a, len);
+              } else {
+                fast::axpy(ab[t], x + (a - a0), acc + (a - a0), len);
+              }
+            });
+          }
+        }
+      });
+      for (std::size_t t = g.first; t < g.last; ++t) {
+        double sq = 0.0;
+        for (std::size_t p = 0; p < parts_; ++p) sq += partial[p * nb * nt + t];
+        mean_sq_[t] = sq;
+      }
+    }
+
     /// Per tensor: the factor turning the mean (of directions) into the merged
     /// gradient: ||mean norm|| / ||mean direction||, 0 when the directions cancel,
     /// 1 for embeddings (their mean is already the weighted average).
@@ -330,6 +537,7 @@ struct RadialDirectional {
     mutable std::vector<float> scale_;       // per tensor: s_t while adding, finish factor while finishing
     std::vector<double> partial_;            // per part and tensor: partial sums of squares
     mutable std::vector<float> buffers_;     // per part: one decoded chunk
+    std::vector<float> batch_acc_;           // per part: add_batch's pass-2 accumulator chunk
     std::vector<Group> groups_;
   };
 
