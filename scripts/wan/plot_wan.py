@@ -10,12 +10,18 @@ What it is: reads the CSV written by scripts/wan/run_wan.sh and writes
 What it is not: a statistics tool. Each grid point is one run; the machine is
 shared, so read differences below ~10 % as noise.
 
-The bandwidth model is include/ddiloco/sim/bandwidth.hpp, Method::decoupled,
-mirrored here (one line; keep the two in step):
-    c = params / P * bits / bandwidth + latency        (one fragment's transfer)
-    utilisation = min(1, H T / (P c))
-and its implied upload rate per learner, params * bits / (H T) bits/s, for a
-learner that never stalls. Standard library only (no numpy / matplotlib).
+The bandwidth model is include/ddiloco/sim/bandwidth.hpp, Method::decoupled and
+decoupled_link(), mirrored here (keep the two in step): per learner, both
+directions of its own link,
+    f      = M / K with --send-merged-to alive, 1 with contributors
+             (global fragments a learner receives per fragment it sends)
+    c_up   = params / P * bits        / bandwidth + latency
+    c_down = params / P * global_bits / bandwidth + latency
+    utilisation = min(1, H T / (P c_up), H T / (P f c_down))
+    up bits/s = params * bits / (H T), down bits/s = f * params * global_bits / (H T)
+for a learner that never stalls. bits / global_bits come from the CSV's codec /
+global_codec columns, the fanout from send_merged_to; rows written before those
+columns existed ran with alive / fp32. Standard library only (no numpy / matplotlib).
 """
 import csv
 import statistics
@@ -25,17 +31,23 @@ import zlib
 from pathlib import Path
 
 BATCH = 32  # tokens per inner step of the reference trainer (TrainerConfig::batch_size)
-H, P = 24, 5  # Decoupled runs of run_wan.sh
+H, P, K = 24, 5, 1  # Decoupled runs of run_wan.sh (--sync-every, --fragments, --quorum)
 BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "int4": 4}
 RATE_BPS = {"none": None, "50mbit": 50e6, "100mbit": 100e6, "1gbit": 1e9}
 
 
-def model_utilisation(params, bits, step_s, bps, latency_s):
-    """bandwidth.hpp, compute_utilisation(Method::decoupled, ...) with P, H as run."""
+def fanout(send_merged_to, learners):
+    """bandwidth.hpp, decoupled_fanout(): M / K to every alive learner, 1 to the contributors."""
+    return 1.0 if send_merged_to == "contributors" else learners / K
+
+
+def model_utilisation(params, bits, global_bits, f, step_s, bps, latency_s):
+    """bandwidth.hpp, compute_utilisation(Method::decoupled, ...) with P, H, K as run."""
     if bps is None:
         return 1.0
-    c = params / P * bits / bps + latency_s
-    return min(1.0, H * step_s / (P * c))
+    c_up = params / P * bits / bps + latency_s
+    c_down = params / P * global_bits / bps + latency_s
+    return min(1.0, H * step_s / (P * c_up), H * step_s / (P * f * c_down))
 
 
 def sync_estimate(params, step0_s, rtt_ms, bps):
@@ -65,7 +77,16 @@ def load(path):
             r["in_Bps"] = int(r["bytes_in"]) / r["train_s"]
             r["out_Bps"] = max(0, int(r["bytes_out"]) - join_bytes) / r["train_s"]
             r["rtt_ms"] = int(r["rtt_ms"])
+            # down-link settings; rows from before these columns ran with alive / fp32
+            r["send_merged_to"] = r.get("send_merged_to") or "alive"
+            r["global_codec"] = r.get("global_codec") or "fp32"
             rows.append(r)
+    # Several down-link settings in one CSV: keep them apart in the tables.
+    settings = {(r["send_merged_to"], r["global_codec"]) for r in rows if r["mode"].startswith("decoupled")}
+    if len(settings) > 1:
+        for r in rows:
+            if r["mode"].startswith("decoupled"):
+                r["mode"] += f' ({r["send_merged_to"]}/{r["global_codec"]})'
     return aggregate(rows)
 
 
@@ -80,7 +101,7 @@ def aggregate(rows):
         for k in ("steps_per_s", "in_Bps", "out_Bps"):
             a[k] = statistics.median(x[k] for x in g)
         a["all_steps_per_s"] = [x["steps_per_s"] for x in g]
-        for k in ("sends", "applies", "rejected_stale", "accepted"):
+        for k in ("sends", "applies", "rejected_stale", "accepted", "merges"):
             a[k] = sum(int(x.get(k) or 0) for x in g)
         vals = [float(x["val_loss"]) for x in g if x.get("val_loss") not in (None, "", "nan")]
         a["val_loss"] = statistics.mean(vals) if vals else float("nan")
@@ -102,9 +123,11 @@ def tables(rows):
             links.append(key)
     by = {(r["mode"], r["rtt_ms"], r["rate"]): r for r in rows}
     base = {m: by.get((m, 0, "none")) for m in modes}
+    dec_modes = [m for m in modes if m.startswith("decoupled")]
     out = ["| link (RTT / rate) | " + " | ".join(f"{m} steps/s (rel.)" for m in modes)
-           + " | speedup fp32 / sync | speedup int4 / sync | sync estimate steps/s |",
-           "|---" * (len(modes) + 4) + "|"]
+           + "".join(f' | speedup {m.removeprefix("decoupled-")} / sync' for m in dec_modes)
+           + " | sync estimate steps/s |",
+           "|---" * (len(modes) + len(dec_modes) + 2) + "|"]
     plot = []
     for rtt, rate in links:
         cells = []
@@ -121,7 +144,7 @@ def tables(rows):
                 plot.append((m, f"{rtt} ms / {rate}" if rate != "none" else "none", rel))
         s = by.get(("sync", rtt, rate))
         sp = []
-        for m in ("decoupled-fp32", "decoupled-int4"):
+        for m in dec_modes:
             d = by.get((m, rtt, rate))
             sp.append(f'{d["steps_per_s"] / s["steps_per_s"]:.1f}x' if d and s and s["steps_per_s"] else "-")
         est = "-"
@@ -131,25 +154,32 @@ def tables(rows):
                    + " | " + " | ".join(sp) + f" | {est} |")
 
     # Bandwidth: measured vs bandwidth.hpp.
-    bw = ["| mode | link | steps/s | up MB/s (all learners) | model up MB/s | down MB/s | "
+    bw = ["| mode | down-link (to / codec) | link | steps/s | up MB/s (all learners) | model up MB/s | "
+          "up meas. / model | down MB/s | model down MB/s | down meas. / model | merges / accepted | "
           "model util. (latency per fragment) | model util. (no latency) | measured rel. | applies / sends | "
           "accepted / sends |",
-          "|---" * 11 + "|"]
+          "|---" * 16 + "|"]
     for r in rows:
         if not r["mode"].startswith("decoupled"):
             continue
         n, params, bits = int(r["learners"]), int(r["params"]), BITS[r["codec"]]
+        gbits, f = BITS[r["global_codec"]], fanout(r["send_merged_to"], n)
         b = base.get(r["mode"])
         t0 = 1.0 / b["steps_per_s"] if b else float("nan")  # step time without emulation
         t = 1.0 / r["steps_per_s"]
-        model_up = n * params * bits / 8 / (H * t)  # bytes/s at the measured step rate
+        # bytes/s of all learners at the measured step rate
+        model_up = n * params * bits / 8 / (H * t)
+        model_down = n * f * params * gbits / 8 / (H * t)
         bps = RATE_BPS[r["rate"]]
-        u_lat = model_utilisation(params, bits, t0, bps, r["rtt_ms"] / 2000)
-        u_bw = model_utilisation(params, bits, t0, bps, 0.0)
+        u_lat = model_utilisation(params, bits, gbits, f, t0, bps, r["rtt_ms"] / 2000)
+        u_bw = model_utilisation(params, bits, gbits, f, t0, bps, 0.0)
         rel = r["steps_per_s"] / b["steps_per_s"] if b else float("nan")
-        bw.append(f'| {r["mode"]} | {link_name(r)} | '
+        merges = r["merges"]
+        bw.append(f'| {r["mode"]} | {r["send_merged_to"]} / {r["global_codec"]} | {link_name(r)} | '
                   f'{r["steps_per_s"]:.1f} | {r["in_Bps"] / 1e6:.2f} | {model_up / 1e6:.2f} | '
-                  f'{r["out_Bps"] / 1e6:.2f} | {u_lat:.2f} | {u_bw:.2f} | {rel:.2f} | '
+                  f'{r["in_Bps"] / model_up:.2f} | '
+                  f'{r["out_Bps"] / 1e6:.2f} | {model_down / 1e6:.2f} | {r["out_Bps"] / model_down:.2f} | '
+                  f'{merges / max(1, r["accepted"]):.2f} | {u_lat:.2f} | {u_bw:.2f} | {rel:.2f} | '
                   f'{r["applies"] / max(1, r["sends"]):.2f} | {r["accepted"] / max(1, r["sends"]):.2f} |')
     return out, bw, plot, modes
 
