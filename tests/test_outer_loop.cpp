@@ -24,6 +24,23 @@
 #include <string>
 #include <vector>
 
+/// A tensor ddiloco can only reach through host copies (the staged form of
+/// <ddiloco/tensor.hpp>, like a GPU tensor): OuterLoop must take its copy path.
+struct DeviceTensor {
+  std::vector<float> device;
+};
+
+template <>
+struct ddiloco::tensor_traits<DeviceTensor> {
+  static std::size_t size(const DeviceTensor& t) { return t.device.size(); }
+  static void copy_to_host(const DeviceTensor& t, std::span<float> dst) {
+    std::copy(t.device.begin(), t.device.end(), dst.begin());
+  }
+  static void copy_from_host(DeviceTensor& t, std::span<const float> src) {
+    std::copy(src.begin(), src.end(), t.device.begin());
+  }
+};
+
 using namespace ddiloco;
 using namespace std::chrono_literals;
 
@@ -61,17 +78,21 @@ Flat local_after(std::size_t t, double steps) {
   return v;
 }
 
+template <class T>
+Flat values(const T& t) {
+  Flat v(tensor_size(t));
+  read_tensor(t, std::span<float>(v));
+  return v;
+}
+
 // The user's inner step: a known change of every parameter.
 template <class T>
 void inner_step(std::vector<T>& params) {
-  for (std::size_t t = 0; t < params.size(); ++t)
-    for (float& x : host_view(params[t])) x -= kRate[t];
-}
-
-template <class T>
-Flat values(const T& t) {
-  auto v = host_view(t);
-  return Flat(v.begin(), v.end());
+  for (std::size_t t = 0; t < params.size(); ++t) {
+    Flat v = values(params[t]);
+    for (float& x : v) x -= kRate[t];
+    write_tensor(params[t], std::span<const float>(v));
+  }
 }
 
 VecParams zero_params() { return {Flat(4, 0.0f), Flat(2, 0.0f), Flat(2, 0.0f)}; }
@@ -687,6 +708,8 @@ template <class T>
 T make_tensor(Eigen::Index rows, Eigen::Index cols) {
   if constexpr (std::is_same_v<T, Flat>) {
     return Flat(static_cast<std::size_t>(rows * cols), 0.0f);
+  } else if constexpr (std::is_same_v<T, DeviceTensor>) {
+    return DeviceTensor{std::vector<float>(static_cast<std::size_t>(rows * cols), 0.0f)};
   } else if constexpr (std::is_same_v<T, Eigen::VectorXf>) {
     return Eigen::VectorXf::Zero(rows * cols);
   } else {
@@ -697,7 +720,7 @@ T make_tensor(Eigen::Index rows, Eigen::Index cols) {
 }  // namespace
 
 TEMPLATE_TEST_CASE("Join, inner steps and applied globals give the same values for every tensor type", "[outer_loop]",
-                   std::vector<float>, Eigen::VectorXf, Eigen::MatrixXf) {
+                   std::vector<float>, Eigen::VectorXf, Eigen::MatrixXf, DeviceTensor) {
   using T = TestType;
   Rig r;
   auto lt = r.net.learner(1);

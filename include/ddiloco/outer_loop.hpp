@@ -34,6 +34,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ddiloco/clock.hpp>
@@ -430,12 +431,28 @@ class OuterLoop {
     if (steps <= 0) return false;  // nothing new since the last receipt
     const auto& specs = plan_->tensors();
     local_.resize(f.base.size());
-    for (std::size_t t : plan_->fragments()[p].tensors) {
-      const std::size_t off = plan_->offset_in_fragment(t);
-      read_tensor(params[t], std::span<float>(local_.data() + off, specs[t].numel));
-    }
     std::vector<float> v(f.base.size());
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = f.base[i] - local_[i];
+    // One pass per tensor (issue 6): local_ <- theta (the next base) and
+    // v <- base - theta together; a host tensor is read in place (step()
+    // checked its size), a staged (device) tensor is first copied to the host
+    // by its trait.
+    for (std::size_t t : plan_->fragments()[p].tensors) {
+      const std::size_t off = plan_->offset_in_fragment(t), n = specs[t].numel;
+      const float* __restrict__ base = f.base.data() + off;
+      float* __restrict__ next = local_.data() + off;
+      float* __restrict__ out = v.data() + off;
+      if constexpr (HostTensor<T>) {
+        const float* __restrict__ theta = host_view(std::as_const(params[t])).data();
+        for (std::size_t i = 0; i < n; ++i) {
+          const float x = theta[i];
+          next[i] = x;
+          out[i] = base[i] - x;
+        }
+      } else {
+        read_tensor(params[t], std::span<float>(next, n));
+        for (std::size_t i = 0; i < n; ++i) out[i] = base[i] - next[i];
+      }
+    }
     Message m = header(MessageType::contribution);
     m.fragment = static_cast<std::uint32_t>(p);
     m.version = f.base_version;
