@@ -59,6 +59,12 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
   fs::rename(tmp, path);
 }
 
+MergeRecipients parse_recipients(const std::string& s) {
+  if (s == "alive") return MergeRecipients::alive;
+  if (s == "contributors") return MergeRecipients::contributors;
+  throw InvalidArgument("--send-merged-to '" + s + "': expected alive or contributors");
+}
+
 template <class Rule, class Opt>
 int serve(const cli::Flags& f, Plan plan, std::vector<float> init, Rule rule, Opt opt) {
   SteadyClock clock;
@@ -71,6 +77,7 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, Rule rule, Op
   sc.quorum.deadline = std::chrono::milliseconds(f.integer("deadline-ms"));
   sc.max_staleness = f.count("max-staleness");
   sc.heartbeat_timeout = std::chrono::milliseconds(f.integer("heartbeat-timeout-ms"));
+  sc.send_merged_to = parse_recipients(f.str("send-merged-to"));
   Syncer<Rule, Opt> syncer(plan, init, clock, sc, rule, opt);
 
   const std::string ckdir = f.str("checkpoint-dir");
@@ -108,9 +115,10 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, Rule rule, Op
     zc.security.allowed = read_allow_list(f.str("allow"));
   }
   ZmqSyncerTransport link(zc, clock);
-  std::printf("syncer: serving %zu tensors in %zu fragments (fingerprint %016llx) on %s, K = %zu\n", plan.num_tensors(),
-              plan.num_fragments(), static_cast<unsigned long long>(plan.fingerprint()), link.endpoint().c_str(),
-              sc.quorum.min_quorum);
+  std::printf("syncer: serving %zu tensors in %zu fragments (fingerprint %016llx) on %s, K = %zu, merged "
+              "fragments to %s\n",
+              plan.num_tensors(), plan.num_fragments(), static_cast<unsigned long long>(plan.fingerprint()),
+              link.endpoint().c_str(), sc.quorum.min_quorum, std::string(to_string(sc.send_merged_to)).c_str());
   if (!f.str("endpoint-file").empty()) {
     std::ofstream(f.str("endpoint-file") + ".tmp") << link.endpoint() << "\n";
     fs::rename(f.str("endpoint-file") + ".tmp", f.str("endpoint-file"));
@@ -175,6 +183,9 @@ int main(int argc, char** argv) try {
   f.add("deadline-ms", "60000", "hard bound of a round, milliseconds");
   f.add("max-staleness", "8", "versions a contribution's base may lag before it is rejected and answered");
   f.add("heartbeat-timeout-ms", "10000", "a learner silent this long is declared dead");
+  f.add("send-merged-to", "alive",
+        "who gets a merged fragment: alive (every live learner) or contributors (only the learners whose "
+        "contributions are in the merge: about alive/K times less down-link)");
   f.add("merge", "rda", "merge rule: rda (token-weighted RDA, embeddings averaged) or average");
   f.add("outer-optimizer", "nesterov", "nesterov, sgd or average");
   f.add("outer-lr", "0.7", "outer learning rate");

@@ -21,7 +21,9 @@
 //      bounded by a hard deadline) when to merge;
 //   3. merge: Delta = MergeRule.finish() (token-weighted RDA by default),
 //      Theta_p <- OuterOptimizer(Theta_p, Delta) (Nesterov by default),
-//      version_p += 1, and Theta_p goes to every live learner.
+//      version_p += 1, and Theta_p goes to every live learner (or, with
+//      SyncerConfig::send_merged_to = contributors, only to the learners whose
+//      contributions are in this merge).
 // Rejections (never touch global state, each counted by reason): foreign plan
 // fingerprint, unknown learner, bad fragment index, wrong size, non-finite
 // values, norm far outside the recent range, inconsistent counters, duplicate
@@ -79,6 +81,35 @@ constexpr std::string_view to_string(RejectReason r) noexcept {
   return i < names.size() ? names[i] : "unknown";
 }
 
+/// Who receives a fragment's new global after a merge (SyncerConfig::send_merged_to).
+enum class MergeRecipients : std::uint8_t {
+  /// Every learner alive at the merge (the default).
+  alive,
+  /// Only the learners whose accepted contributions are in this merge (and are
+  /// still alive). Every accepted contribution lands in exactly one merge, so
+  /// each learner still gets exactly one global per contribution, tau steps
+  /// after it sent (what it waits for); a stale contribution is answered with
+  /// the global on rejection either way. Cuts the down-link by about alive / K:
+  /// at K = 1 with M out-of-phase learners, `alive` sends M full fragments per
+  /// contribution, which saturated 50-100 Mbit/s links (issue 8).
+  /// The price: a learner applies the global of its own merge and no longer
+  /// hears merges made after it (until its next contribution's merge), so its
+  /// base lags by those merges. Out of phase this is at most the merges of tau
+  /// steps; learners in phase at K = 1 miss M - 1 of M merges per round, and
+  /// with Nesterov (0.7, 0.9) that delay diverged a quadratic test task that
+  /// `alive` solves (tests/test_syncer.cpp, lock-step test); at K = 2 and with
+  /// plain SGD it converged. Prefer `alive` for in-phase learners at K = 1.
+  contributors,
+};
+
+constexpr std::string_view to_string(MergeRecipients r) noexcept {
+  switch (r) {
+    case MergeRecipients::alive: return "alive";
+    case MergeRecipients::contributors: return "contributors";
+  }
+  return "unknown";
+}
+
 struct SyncerConfig {
   /// K, tau, gamma, cap, deadline of the wait policy (algorithm.md 4.5).
   QuorumConfig quorum{};
@@ -104,6 +135,8 @@ struct SyncerConfig {
   /// single-learner merges moves the global by about the average progress,
   /// and a merge holding everyone is unchanged.
   bool participation_scaling = true;
+  /// Who gets a fragment's new global after a merge (see MergeRecipients).
+  MergeRecipients send_merged_to = MergeRecipients::alive;
 };
 
 /// Validates a SyncerConfig; throws InvalidArgument naming the bad field.
@@ -117,6 +150,9 @@ inline void validate(const SyncerConfig& c) {
   if (!(c.norm_outlier_factor > 1.0) || !std::isfinite(c.norm_outlier_factor))
     throw InvalidArgument(detail::msg("SyncerConfig::norm_outlier_factor = ", c.norm_outlier_factor,
                                       " must be a finite number > 1 (default 50)"));
+  if (c.send_merged_to != MergeRecipients::alive && c.send_merged_to != MergeRecipients::contributors)
+    throw InvalidArgument(detail::msg("SyncerConfig::send_merged_to = ", static_cast<int>(c.send_merged_to),
+                                      " is not a MergeRecipients value; use alive or contributors"));
 }
 
 /// A message the syncer wants delivered.
@@ -496,6 +532,7 @@ class Syncer {
       f.wait.emplace(Wait(config_.quorum));
       f.round = RoundState{};
       f.contributors.clear();
+      f.accepted_from.clear();
       f.wake.reset();
       f.last_sequence = fs.last_sequence;
       // A snapshot cannot be taken between a join's membership update and its
@@ -595,7 +632,10 @@ class Syncer {
     std::optional<typename Rule::Accumulator> acc;
     std::optional<Wait> wait;
     RoundState round{};
-    std::set<LearnerId> contributors;  ///< distinct learners in the open round
+    std::set<LearnerId> contributors;  ///< distinct learners in the open round (weight > 0)
+    /// Learners with an accepted contribution in the open round, weight 0
+    /// included: the receivers of the merge under MergeRecipients::contributors.
+    std::set<LearnerId> accepted_from;
     std::map<LearnerId, std::uint64_t> last_sequence;
     std::optional<TimePoint> wake;
     double norm_ema = 0.0;  ///< moving average of accepted per-step norms
@@ -771,6 +811,7 @@ class Syncer {
     f.norm_ema = f.norm_samples == 0 ? per_step_norm : 0.9 * f.norm_ema + 0.1 * per_step_norm;
     ++f.norm_samples;
     ++f.accepted;
+    f.accepted_from.insert(m.learner);
     if (weight > 0.0) {
       f.acc->add(std::span<const float>(*m.payload), weight);
       if (f.round.contributions == 0 && f.contributors.empty()) {
@@ -824,14 +865,21 @@ class Syncer {
     f.contributors.clear();
     f.round = RoundState{};
     f.wake.reset();
-    std::vector<LearnerId> alive_ids;
+    std::vector<LearnerId> receivers;
     {
       std::unique_lock lock(members_mutex_);
-      for (const auto& [id, l] : learners_)
-        if (l.alive) alive_ids.push_back(id);
+      if (config_.send_merged_to == MergeRecipients::contributors) {
+        // Learners in this merge, still alive (one that left gets nothing).
+        for (LearnerId id : f.accepted_from)
+          if (auto it = learners_.find(id); it != learners_.end() && it->second.alive) receivers.push_back(id);
+      } else {
+        for (const auto& [id, l] : learners_)
+          if (l.alive) receivers.push_back(id);
+      }
     }
+    f.accepted_from.clear();
     const std::size_t from = out.size();
-    for (LearnerId id : alive_ids)
+    for (LearnerId id : receivers)
       out.push_back({id, global_message(p, f, id, MessageType::global_fragment)});
     f.wait->observe_sync_time(clock_->now() - started);
     count_out(out, from);
