@@ -13,6 +13,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -40,13 +41,13 @@ struct GptConfig {
 /// Causal self-attention: softmax(Q K^T / sqrt(d_head) + mask) V per head.
 struct AttentionImpl : torch::nn::Module {
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
-  torch::Tensor mask;  ///< buffer, [T, T], 1 on and below the diagonal
+  torch::Tensor future;  ///< buffer, bool [T, T], true strictly above the diagonal (built once)
   std::int64_t heads;
 
   explicit AttentionImpl(const GptConfig& c) : heads(c.heads) {
     qkv = register_module("qkv", torch::nn::Linear(c.width, 3 * c.width));
     proj = register_module("proj", torch::nn::Linear(c.width, c.width));
-    mask = register_buffer("mask", torch::tril(torch::ones({c.context, c.context})));
+    future = register_buffer("future", torch::triu(torch::ones({c.context, c.context}, torch::kBool), 1));
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
@@ -54,8 +55,10 @@ struct AttentionImpl : torch::nn::Module {
     auto parts = qkv->forward(x).chunk(3, -1);
     auto split = [&](const torch::Tensor& y) { return y.view({b, t, heads, hd}).transpose(1, 2); };
     const auto q = split(parts[0]), k = split(parts[1]), v = split(parts[2]);
-    auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    att = att.masked_fill(mask.slice(0, 0, t).slice(1, 0, t) == 0, -std::numeric_limits<float>::infinity());
+    // (Q / sqrt(d_head)) K^T: the scale on the [T, d_head] operand instead of the [T, T] scores,
+    // and the precomputed mask filled in place (the scores are not needed by autograd).
+    auto att = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(hd))), k.transpose(-2, -1));
+    att.masked_fill_(future.slice(0, 0, t).slice(1, 0, t), -std::numeric_limits<float>::infinity());
     att = torch::softmax(att, -1);
     const auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, d});
     return proj->forward(y);
@@ -189,6 +192,28 @@ struct TrainerConfig {
   std::uint64_t seed = 1;    ///< initial parameters (the same on every learner)
 };
 
+/// Seconds spent in each phase of inner steps (summed over the steps timed).
+struct StepTimes {
+  double data = 0, forward = 0, backward = 0, clip = 0, adamw = 0;
+  double total() const { return data + forward + backward + clip + adamw; }
+};
+
+/// Adds the time since the previous lap to one field of a StepTimes (no-op without one).
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(StepTimes* t) : times_(t), last_(std::chrono::steady_clock::now()) {}
+  void lap(double StepTimes::*field) {
+    if (times_ == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    times_->*field += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  StepTimes* times_;
+  std::chrono::steady_clock::time_point last_;
+};
+
 /// One learner: the model, its AdamW and its data shard. `parameters()` is the
 /// model's own parameter list, handed to ddiloco without a copy.
 class Learner {
@@ -213,20 +238,27 @@ class Learner {
   double last_loss() const { return last_loss_; }
 
   /// One AdamW step on one batch; returns the tokens it predicted (B x T).
-  std::int64_t inner_step() {
+  /// With `times`, adds the seconds spent in each phase to it (torch_gpt --profile).
+  std::int64_t inner_step(StepTimes* times = nullptr) {
+    PhaseTimer timer(times);
     ++step_;
     const double scale = step_ < config_.warmup ? static_cast<double>(step_) / static_cast<double>(config_.warmup) : 1.0;
     for (auto& group : adamw_.param_groups())
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(config_.lr * scale);
     const auto batch = sampler_.next();
     adamw_.zero_grad();
+    timer.lap(&StepTimes::data);
     const auto logits = model_->forward(batch.inputs);
     const auto loss =
         torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape({-1}));
+    timer.lap(&StepTimes::forward);
     loss.backward();
+    timer.lap(&StepTimes::backward);
     (void)torch::nn::utils::clip_grad_norm_(params_, config_.clip);
+    timer.lap(&StepTimes::clip);
     adamw_.step();
     last_loss_ = loss.item<double>();
+    timer.lap(&StepTimes::adamw);
     return batch.inputs.numel();
   }
 

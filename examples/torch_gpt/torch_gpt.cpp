@@ -43,6 +43,8 @@
 
 #include "../common/cli.hpp"
 
+bool torch_gpt_sgemm_is_onednn();  // onednn_sgemm.cpp
+
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using ddiloco::Duration;
@@ -51,7 +53,8 @@ using torch_gpt::ref::Shard;
 namespace {
 
 struct Options {
-  std::size_t learners = 4, steps = 120, sync_every = 20, fragments = 4, eval_batches = 8;
+  std::size_t learners = 4, steps = 120, sync_every = 20, fragments = 4, eval_batches = 8, samples = 12;
+  std::string methods = "both";  ///< both, data-parallel or decoupled
   std::uint64_t seed = 1;
   double step_ms = 100.0;
   float outer_lr = 0.7f, momentum = 0.5f;
@@ -166,7 +169,7 @@ ddiloco::ClusterConfig cluster_config(Method m, bool failures, const Options& o)
   const Duration round = c.step_time * static_cast<Duration::rep>(4 * c.outer.sync_every);
   c.syncer.quorum.deadline = std::max(round, c.syncer.heartbeat_timeout);
   c.outer.lock_step_timeout = c.syncer.quorum.deadline;
-  c.sample_every = c.step_time * static_cast<Duration::rep>(std::max<std::size_t>(1, o.steps / 12));
+  c.sample_every = c.step_time * static_cast<Duration::rep>(std::max<std::size_t>(1, o.steps / o.samples));
   return c;
 }
 
@@ -336,6 +339,58 @@ int run_zmq_learner(const Options& o, const std::string& endpoint, ddiloco::Lear
 }
 #endif
 
+/// --profile N: where one learner's step goes (N timed inner steps after 3 warm-up ones), the
+/// cost of one validation sample, and the GEMM rate of this libtorch's CPU backend.
+int profile(const Options& o, std::size_t steps) {
+  std::printf("libtorch %s: intra-op threads %d, MKL %s, oneDNN %s (enabled %s)\n", TORCH_VERSION,
+              at::get_num_threads(), at::hasMKL() ? "yes" : "no", at::hasMKLDNN() ? "yes" : "no",
+              at::globalContext().userEnabledMkldnn() ? "yes" : "no");
+  {
+    std::istringstream config(at::show_config());
+    for (std::string line; std::getline(config, line);)
+      if (line.find("BLAS") != std::string::npos || line.find("LAPACK") != std::string::npos)
+        std::printf("  config:%s\n", line.c_str());
+  }
+  std::printf("  float32 GEMM (sgemm_): %s\n", torch_gpt_sgemm_is_onednn()
+                                                   ? "oneDNN dnnl_sgemm (onednn_sgemm.cpp)"
+                                                   : "the system BLAS (libblas.so.3)");
+  using clock = std::chrono::steady_clock;
+  auto since = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  {
+    // The shape of the MLP's first Linear (B*T x d) * (d x 4d) at the gpt1m preset.
+    const auto a = torch::randn({1024, 128}), b = torch::randn({128, 512});
+    (void)torch::mm(a, b);
+    const int reps = 20;
+    const auto t0 = clock::now();
+    for (int i = 0; i < reps; ++i) (void)torch::mm(a, b);
+    const double s = since(t0);
+    std::printf("  torch::mm 1024x128 * 128x512: %.2f ms, %.1f GFLOP/s\n", 1e3 * s / reps,
+                2.0 * 1024 * 128 * 512 * reps / s / 1e9);
+  }
+  const auto corpus = torch_gpt::ref::load_fortunes();
+  torch_gpt::Learner learner(o.trainer, corpus.train, Shard{0, 1}, o.seed);
+  std::int64_t n = 0;
+  for (const auto& p : learner.parameters()) n += p.numel();
+  for (int i = 0; i < 3; ++i) (void)learner.inner_step();
+  torch_gpt::StepTimes t;
+  const auto t0 = clock::now();
+  for (std::size_t i = 0; i < steps; ++i) (void)learner.inner_step(&t);
+  const double wall = since(t0);
+  const auto per = [&](double x) { return 1e3 * x / static_cast<double>(steps); };
+  std::printf("  %lld parameters, batch %lld x context %lld: %.1f ms per inner step (%zu steps): data %.1f, "
+              "forward %.1f, backward %.1f, clip %.1f, AdamW %.1f ms\n",
+              static_cast<long long>(n), static_cast<long long>(o.trainer.batch),
+              static_cast<long long>(o.trainer.model.context), per(wall), steps, per(t.data), per(t.forward),
+              per(t.backward), per(t.clip), per(t.adamw));
+  torch_gpt::SequenceSampler s(corpus.validation, o.trainer.model.context, o.trainer.batch, 12345, Shard{0, 1});
+  std::vector<torch_gpt::SequenceBatch> validation;
+  for (std::size_t i = 0; i < o.eval_batches; ++i) validation.push_back(s.next());
+  const auto e0 = clock::now();
+  const double loss = torch_gpt::evaluate(learner.model(), validation);
+  std::printf("  one validation sample (%zu batches): %.1f ms (loss %.4f)\n", o.eval_batches, 1e3 * since(e0), loss);
+  return 0;
+}
+
 void apply_preset(Options& o, const std::string& preset) {
   auto& m = o.trainer.model;
   if (preset == "gpt1m") {  // the ~1M-parameter model (0.82 M): about 10 s per step on a loaded 2-core box
@@ -381,6 +436,10 @@ int main(int argc, char** argv) try {
   f.add("momentum", "0.5", "Nesterov outer momentum");
   f.add("step-ms", "100", "simulated duration of one inner step (virtual driver)");
   f.add("eval-batches", "", "validation batches per sample (default 8)");
+  f.add("samples", "12", "validation samples of the global parameters per run (the curve's points)");
+  f.add("methods", "both",
+        "both, data-parallel or decoupled: run one method only (two processes can run the two in parallel; "
+        "plot_torch_gpt.py --merge joins their outputs)");
   f.add("seed", "1", "initial parameters, data order and fault seed");
   f.add("driver", "virtual", "virtual (one thread, simulated time, curves) or threaded (real threads and clock)");
   f.add("out", "results/torch", "output directory of the comparison");
@@ -388,6 +447,7 @@ int main(int argc, char** argv) try {
   f.add("connect", "", "run ONE learner over ZeroMQ against ddiloco_syncer at this endpoint");
   f.add("id", "0", "--connect: this learner's id (its data shard is id mod --shards)");
   f.add("shards", "4", "--connect: number of data shards");
+  f.add("profile", "0", "time N inner steps of one learner by phase, and one validation sample, then exit");
   if (!f.parse(argc, argv)) return 0;
 
   // One intra-op thread: the learners share the machine (and the virtual driver runs them in turn).
@@ -407,12 +467,17 @@ int main(int argc, char** argv) try {
   o.seed = static_cast<std::uint64_t>(f.integer("seed"));
   o.trainer.seed = o.seed;
   o.out = f.str("out");
+  o.samples = std::max<std::size_t>(1, f.count("samples"));
+  o.methods = f.str("methods");
+  if (o.methods != "both" && o.methods != "data-parallel" && o.methods != "decoupled")
+    throw ddiloco::InvalidArgument("--methods '" + o.methods + "': use both, data-parallel or decoupled");
   if (f.str("driver") != "virtual" && f.str("driver") != "threaded")
     throw ddiloco::InvalidArgument("--driver '" + f.str("driver") + "': use virtual or threaded");
   o.threaded = f.str("driver") == "threaded";
   if (o.learners == 0 || o.steps < o.sync_every || o.sync_every < 3)
     throw ddiloco::InvalidArgument("need --learners >= 1, --H >= 3 and --steps >= --H");
 
+  if (f.count("profile") > 0) return profile(o, f.count("profile"));
   if (!f.str("export").empty()) {
     export_for_syncer(o, f.str("export"));
     return 0;
@@ -440,8 +505,8 @@ int main(int argc, char** argv) try {
     return ok ? 0 : 1;
   }
   std::vector<Row> rows;
-  rows.push_back(run_data_parallel(ctx, /*failures=*/false));
-  rows.push_back(run_decoupled(ctx, /*failures=*/true));
+  if (o.methods != "decoupled") rows.push_back(run_data_parallel(ctx, /*failures=*/false));
+  if (o.methods != "data-parallel") rows.push_back(run_decoupled(ctx, /*failures=*/true));
   write_outputs(ctx, rows, initial);
   std::printf("\n%s\nwrote %s/{results.csv,curves.csv,results.md}\n", table(rows, o.threaded).c_str(), o.out.c_str());
   return 0;
