@@ -673,3 +673,82 @@ TEST_CASE("Lock-step learners make progress when merged fragments go only to con
   CHECK(live(Sgd(plan, config(1), factory, RadialDirectional(), PlainSGD(1.0f)).run_virtual(), 1) < 0.01);
   (void)live(Nesterov(plan, config(1), factory).run_virtual(), 1);
 }
+
+// ---- the default (fast, fused) rule against the reference rule --------------
+
+static_assert(std::is_same_v<Syncer<>, Syncer<fast::RadialDirectional, NesterovSGD, TokenWeights, QuorumPolicy>>);
+static_assert(detail::FusedFinishStep<fast::RadialDirectional::Accumulator, NesterovSGD>);
+static_assert(!detail::FusedFinishStep<RadialDirectional::Accumulator, NesterovSGD>);
+static_assert(!detail::FusedFinishStep<fast::RadialDirectional::Accumulator, PlainSGD>);
+
+TEST_CASE("The default syncer (fast RDA, fused Nesterov step) ends within a derived bound of the reference rule "
+          "over 300 merges, with and without participation scaling",
+          "[syncer][fast]") {
+  // Tolerance. Per merge the fast rule's Delta differs from the reference's by
+  // at most eps = 1e-5 of max|Delta| (tests/test_fast_merge.cpp: the norms'
+  // summation order moves each tensor's scale by a few fp32 ulps), and
+  // max|Delta| <= D = the largest contribution norm (RDA's Delta_t has the
+  // weighted mean norm, an element is at most its tensor's norm; the share is
+  // <= 1). The payloads are fixed, so errors do not feed back into them; they
+  // pass through the outer step linearly: the momentum error stays below
+  // eps D / (1 - mu) and each step moves theta by lr (delta + mu m), so after N
+  // merges |theta_fast - theta_ref| <= N lr eps D (1 + mu / (1 - mu)), plus one
+  // fp32 rounding of theta per step in a different order, N 2^-23 max|theta|
+  // (x2 for both sides). Measured differences are far below (printed).
+  for (const bool scaling : {false, true}) {
+    Rig r;
+    r.plan = make_plan({{"w", 300, false}, {"b", 37, false}, {"e", 64, true}, {"v", 129, false}}, 2);
+    r.init.assign(r.plan.total_numel(), 0.5f);
+    SyncerConfig c = k_of(2);
+    c.participation_scaling = scaling;
+    c.max_staleness = 1000;
+    c.norm_outlier_factor = 1e6;
+    const NesterovSGD opt(0.7f, 0.9f);
+    Syncer<RadialDirectional, NesterovSGD> ref(r.plan, r.init, r.clock, c, RadialDirectional(), opt);
+    Syncer<> fast(r.plan, r.init, r.clock, c, fast::RadialDirectional(), opt);
+    constexpr LearnerId kLearners = 4;
+    for (LearnerId id = 1; id <= kLearners; ++id) {
+      r.join(ref, id, 500 + id);
+      r.join(fast, id, 500 + id);
+    }
+    std::mt19937 rng(scaling ? 7u : 8u);
+    std::normal_distribution<float> gauss(0.0f, 0.01f);
+    std::vector<std::uint64_t> seq(kLearners + 1, Rig::seq0());
+    double max_norm = 0.0;
+    std::uint64_t merges = 0;
+    for (int i = 0; merges < 300; ++i) {
+      const LearnerId id = 1 + static_cast<LearnerId>(rng() % kLearners);
+      const std::size_t p = rng() % r.plan.num_fragments();
+      std::vector<float> v(r.plan.fragments()[p].numel);
+      double sq = 0.0;
+      for (float& x : v) {
+        x = gauss(rng) + (id % 2 == 0 ? 0.02f : -0.01f);
+        sq += static_cast<double>(x) * x;
+      }
+      max_norm = std::max(max_norm, std::sqrt(sq));
+      Message m = r.contribution(id, p, 0.0f, ++seq[id], ref.fragment(p).second, 1 + static_cast<std::int64_t>(rng() % 8),
+                                 50 + static_cast<std::int64_t>(rng() % 200));
+      m.payload = make_payload(std::move(v));
+      ref.handle(m, r.out);
+      fast.handle(m, r.out);
+      r.out.clear();
+      REQUIRE(fast.fragment(p).second == ref.fragment(p).second);
+      merges = ref.status().merges;
+    }
+    const auto a = ref.global_parameters(), b = fast.global_parameters();
+    double diff = 0.0, top = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+      top = std::max(top, std::fabs(static_cast<double>(a[i])));
+    }
+    const double N = static_cast<double>(merges), eps = 1e-5, lr = 0.7, mu = 0.9;
+    const double bound = N * lr * eps * max_norm * (1.0 + mu / (1.0 - mu)) + 2.0 * N * std::ldexp(1.0, -23) * top;
+    INFO("participation scaling " << scaling << ": max |diff| " << diff << ", bound " << bound << ", max |theta| "
+                                  << top);
+    std::printf("fast vs reference syncer (scaling %d): max |diff| %.3g, bound %.3g\n", scaling ? 1 : 0, diff,
+                bound);
+    CHECK(diff <= bound);
+    // The runs moved: theta is far from its start, so a bound this size is not vacuous.
+    CHECK(std::fabs(a[0] - 0.5f) > 100 * bound);
+  }
+}

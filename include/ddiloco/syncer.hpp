@@ -11,7 +11,8 @@
 // Its durable state can be copied out (snapshot()) and put back (restore())
 // as a SyncerSnapshot; files are <ddiloco/checkpoint.hpp>'s business.
 // What it is not: a network loop or a thread pool (see syncer_runtime.hpp),
-// nor the maths of merging (merge.hpp), of the outer step
+// nor the maths of merging (merge.hpp; the default rule is the fused
+// fast::RadialDirectional of fast/merge.hpp), of the outer step
 // (outer_optimizer.hpp) or of waiting (quorum.hpp); those are policies.
 //
 // Round of fragment p (algorithm.md 3):
@@ -35,6 +36,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -47,6 +49,7 @@
 
 #include <ddiloco/clock.hpp>
 #include <ddiloco/error.hpp>
+#include <ddiloco/fast/merge.hpp>
 #include <ddiloco/fragmenter.hpp>
 #include <ddiloco/merge.hpp>
 #include <ddiloco/merge_weights.hpp>
@@ -293,7 +296,28 @@ inline void advance_epoch(SyncerSnapshot& s) noexcept {
   for (auto& f : s.fragments) f.version = ((f.version >> 32) + 1) << 32;
 }
 
-template <MergeRule Rule = RadialDirectional, OuterOptimizer Opt = NesterovSGD, WeightRule Weights = TokenWeights,
+namespace detail {
+
+/// True when Rule's accumulator can finish, apply the participation share and
+/// take Opt's step in one pass (fast::RadialDirectional with NesterovSGD):
+/// merge() then calls acc.finish_step(opt, share, theta, state) instead of
+/// finish(delta); delta *= share; opt.step(theta, delta, state).
+template <class Acc, class Opt>
+concept FusedFinishStep = std::same_as<Opt, NesterovSGD> &&
+                          requires(Acc& acc, const Opt& opt, float share, std::span<float> x) {
+                            acc.finish_step(opt, share, x, x);
+                          };
+
+}  // namespace detail
+
+/// The merge rule defaults to fast::RadialDirectional (<ddiloco/fast/merge.hpp>):
+/// the same token-weighted RDA as ddiloco::RadialDirectional (<ddiloco/merge.hpp>,
+/// which stays the readable specification and is tested against it), with the
+/// norm pass fused into the accumulation and, with NesterovSGD, finish + the
+/// participation scaling + the outer step in one pass over the fragment.
+/// Results differ from the reference rule by the summation order of the norms
+/// (tests/test_syncer.cpp bounds the difference over many merges).
+template <MergeRule Rule = fast::RadialDirectional, OuterOptimizer Opt = NesterovSGD, WeightRule Weights = TokenWeights,
           WaitPolicy Wait = QuorumPolicy>
 class Syncer {
  public:
@@ -324,7 +348,7 @@ class Syncer {
       f.theta.resize(plan_.fragments()[p].numel);
       gather(p, initial, f.theta);
       f.state.assign(opt_.state_size(f.theta.size()), 0.0f);
-      f.delta.resize(f.theta.size());
+      if constexpr (!kFused) f.delta.resize(f.theta.size());  // the fused step needs no delta buffer
       f.acc.emplace(rule_.make_accumulator(plan_.layout(p)));
       f.wait.emplace(Wait(config_.quorum));
       f.published = make_payload(f.theta);
@@ -626,7 +650,7 @@ class Syncer {
     mutable std::mutex mutex;
     std::vector<float> theta;  ///< Theta_p, the global values
     std::vector<float> state;  ///< outer optimizer state
-    std::vector<float> delta;  ///< scratch: the merged outer gradient
+    std::vector<float> delta;  ///< scratch: the merged outer gradient (empty with the fused step)
     std::uint64_t version = 0;
     Payload published;         ///< Theta_p as last broadcast (shared by all receivers)
     std::optional<typename Rule::Accumulator> acc;
@@ -839,16 +863,20 @@ class Syncer {
 
   void merge(std::size_t p, FragmentState& f, TimePoint now, const WaitDecision& d, Outbox& out) {
     const TimePoint started = clock_->now();
-    f.acc->finish(f.delta);
+    float share = 1.0f;
     if (config_.participation_scaling) {
       // f.round.alive was counted by decide_and_merge() just before this merge.
       const std::size_t k = f.contributors.size(), live = std::max(f.round.alive, k);
-      if (k < live) {
-        const float share = static_cast<float>(k) / static_cast<float>(live);
-        for (float& x : f.delta) x *= share;
-      }
+      if (k > 0 && k < live) share = static_cast<float>(k) / static_cast<float>(live);
     }
-    opt_.step(f.theta, f.delta, f.state);
+    if constexpr (kFused) {
+      f.acc->finish_step(opt_, share, f.theta, f.state);
+    } else {
+      f.acc->finish(f.delta);
+      if (share != 1.0f)
+        for (float& x : f.delta) x *= share;
+      opt_.step(f.theta, f.delta, f.state);
+    }
     ++f.version;
     merges_total_.fetch_add(1, std::memory_order_relaxed);
     f.published = make_payload(f.theta);
@@ -884,6 +912,8 @@ class Syncer {
     f.wait->observe_sync_time(clock_->now() - started);
     count_out(out, from);
   }
+
+  static constexpr bool kFused = detail::FusedFinishStep<typename Rule::Accumulator, Opt>;
 
   Plan plan_;
   SyncerConfig config_;
