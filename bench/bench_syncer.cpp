@@ -12,6 +12,10 @@
 //     accumulator     first add writes it (4n), every later add reads and
 //                     writes it (8n): 4n + (M - 1) 8n
 //     finish + step   read mean, theta, b; write theta, b              = 20n
+//   merge round, batched (add_batch of all M, then the outer step):
+//     contributions   read once each (as above)
+//     accumulator     written once: 4n
+//     finish + step   20n
 //   learner due step  read local and base, write the new base and the payload
 //                     = 12n + encoded_size
 // The RDA norm pass re-reads each contribution; that second read is not in
@@ -95,6 +99,35 @@ double weight(std::size_t k) { return 1.0 + static_cast<double>(k % 7) * 0.5; }
 
 std::size_t min_round_bytes(std::size_t n, std::size_t m, Codec codec) {
   return m * ddiloco::encoded_size(codec, n) + 4 * n + (m - 1) * 8 * n + 20 * n;
+}
+
+std::size_t min_batch_round_bytes(std::size_t n, std::size_t m, Codec codec) {
+  return m * ddiloco::encoded_size(codec, n) + 4 * n + 20 * n;
+}
+
+/// The batch of all M contributions (spans into the cached inputs).
+template <Codec C, class In>
+std::vector<fast::Contribution> make_batch(const In& in, std::size_t m) {
+  std::vector<fast::Contribution> batch(m);
+  for (std::size_t k = 0; k < m; ++k) {
+    batch[k].codec = C;
+    batch[k].weight = weight(k);
+    if constexpr (C == Codec::fp32) {
+      batch[k].values = in.fp32[k];
+    } else {
+      batch[k].bytes = in.encoded[k];
+    }
+  }
+  return batch;
+}
+
+/// One batched syncer round: add_batch of all M contributions, then finish + Nesterov.
+template <class Acc>
+void fast_batch_round(Acc& acc, const std::vector<fast::Contribution>& batch, const ddiloco::NesterovSGD& opt,
+                      std::vector<float>& theta, std::vector<float>& momentum) {
+  acc.reset();
+  acc.add_batch(batch);
+  acc.finish_step(opt, 1.0f, theta, momentum);
 }
 
 /// One syncer round with the fast kernels: M contributions accumulated (fp32,
@@ -181,6 +214,26 @@ void BM_FastRound(benchmark::State& state) {
   set_rates(state, min_round_bytes(n, m, C), n);
 }
 
+/// fast::RadialDirectional, batched: reset, one add_batch of all M, fused finish + Nesterov.
+template <Codec C>
+void BM_FastBatchRound(benchmark::State& state) {
+  const auto n = std::size_t{1} << state.range(0);
+  const auto m = static_cast<std::size_t>(state.range(1));
+  const auto threads = static_cast<std::size_t>(state.range(2));
+  const auto layout = make_layout(n);
+  const auto& in = contributions(n, m, C);
+  const auto batch = make_batch<C>(in, m);
+  auto acc = fast::RadialDirectional{&workers(threads)}.make_accumulator(layout);
+  const ddiloco::NesterovSGD opt;
+  std::vector<float> theta(n, 1.0f), momentum(n, 0.0f);
+  for (auto _ : state) {
+    fast_batch_round(acc, batch, opt, theta, momentum);
+    benchmark::DoNotOptimize(theta.data());
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, min_batch_round_bytes(n, m, C), n);
+}
+
 /// The readable reference: decode (int4) into a buffer, ddiloco::RadialDirectional
 /// adds, finish into delta, NesterovSGD::step.
 template <Codec C>
@@ -216,7 +269,9 @@ void BM_ReferenceRound(benchmark::State& state) {
 /// ratio = (round min bytes / round time) / (triad bytes / triad time) over
 /// the repetition, and the two rates. Arguments {log2 n, M, threads, baseline}:
 /// baseline = 1 runs the SSE2 build of the kernels even where AVX2 is available.
-template <Codec C>
+/// Batched = true times the add_batch round (BM_RooflinePairBatch) against its
+/// own minimum bytes (min_batch_round_bytes).
+template <Codec C, bool Batched = false>
 void BM_RooflinePair(benchmark::State& state) {
   using Clock = std::chrono::steady_clock;
   const auto n = std::size_t{1} << state.range(0);
@@ -229,6 +284,8 @@ void BM_RooflinePair(benchmark::State& state) {
   auto acc = fast::RadialDirectional{&w}.make_accumulator(layout);
   const ddiloco::NesterovSGD opt;
   std::vector<float> theta(n, 1.0f), momentum(n, 0.0f);
+  const auto batch = make_batch<C>(in, m);
+  const std::size_t round_bytes = Batched ? min_batch_round_bytes(n, m, C) : min_round_bytes(n, m, C);
   const std::size_t tn = std::size_t{1} << 25;
   std::vector<float> a(tn, 0.0f), b(tn, 1.0f), c(tn, 2.0f);
   double triad_s = 0.0, round_s = 0.0;
@@ -244,7 +301,11 @@ void BM_RooflinePair(benchmark::State& state) {
     benchmark::DoNotOptimize(a.data());
     benchmark::ClobberMemory();
     const auto t1 = Clock::now();
-    fast_round<C>(acc, in, m, opt, theta, momentum);
+    if constexpr (Batched) {
+      fast_batch_round(acc, batch, opt, theta, momentum);
+    } else {
+      fast_round<C>(acc, in, m, opt, theta, momentum);
+    }
     benchmark::DoNotOptimize(theta.data());
     benchmark::ClobberMemory();
     const auto t2 = Clock::now();
@@ -252,7 +313,7 @@ void BM_RooflinePair(benchmark::State& state) {
     round_s += std::chrono::duration<double>(t2 - t1).count();
   }
   const double triad_bw = 12.0 * static_cast<double>(tn) * static_cast<double>(state.iterations()) / triad_s;
-  const double round_bw = static_cast<double>(min_round_bytes(n, m, C)) * static_cast<double>(state.iterations()) / round_s;
+  const double round_bw = static_cast<double>(round_bytes) * static_cast<double>(state.iterations()) / round_s;
   state.counters["triad_Bps"] = triad_bw;
   state.counters["round_Bps"] = round_bw;
   state.counters["round_s"] = round_s / static_cast<double>(state.iterations());
@@ -387,6 +448,14 @@ void pairs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK_TEMPLATE(BM_RooflinePair, Codec::fp32)->Apply(pairs);
 BENCHMARK_TEMPLATE(BM_RooflinePair, Codec::int4)->Apply(pairs);
+BENCHMARK_TEMPLATE(BM_FastBatchRound, Codec::fp32)->Apply(headline);
+BENCHMARK_TEMPLATE(BM_FastBatchRound, Codec::int4)->Apply(headline);
+void batch_pairs(benchmark::internal::Benchmark* b) {
+  b->Args({24, 8, 1, 0})->Args({24, 8, 2, 0})->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK_TEMPLATE(BM_RooflinePair, Codec::fp32, true)->Name("BM_RooflinePairBatch<fp32>")->Apply(batch_pairs);
+BENCHMARK_TEMPLATE(BM_RooflinePair, Codec::int4, true)->Name("BM_RooflinePairBatch<int4>")->Apply(batch_pairs);
+BENCHMARK_TEMPLATE(BM_FastBatchRound, Codec::fp32)->Name("BM_FastBatchRound<fp32>/learners")->Apply(m_scaling);
 BENCHMARK_TEMPLATE(BM_ReferenceRound, Codec::fp32)->Args({24, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_ReferenceRound, Codec::int4)->Args({24, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_FastRound, Codec::fp32)->Name("BM_FastRound<fp32>/size")->Apply(size_scaling);

@@ -17,6 +17,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <random>
@@ -247,5 +249,73 @@ TEST_CASE("fast kernels give bit-identical results with the baseline and the AVX
     CHECK(base.theta == best.theta);
     CHECK(base.b == best.b);
     CHECK(base.decoded == best.decoded);
+  }
+}
+
+TEST_CASE("fast scale_into, axpy and axpy_store_sq build acc = a0 x0 + a1 x1 + a2 x2 like the loop written out",
+          "[fast][batch]") {
+  // Element-wise: exactly the fp32 operations written here, in the same order
+  // (compared with close(): 1e-6 relative slack in case of FMA contraction).
+  // The returned squared norm within 2e-6 relative of a double sum.
+  for (const std::size_t n : kSizes) {
+    const auto x0 = random_vector(n, 71), x1 = random_vector(n, 72), x2 = random_vector(n, 73);
+    const float a0 = 0.25f, a1 = -1.5f, a2 = 3.0f;
+    std::vector<float> acc(n), mean(n, -7.0f);
+    fast::scale_into(a0, x0.data(), acc.data(), n);
+    fast::axpy(a1, x1.data(), acc.data(), n);
+    const double sq = fast::axpy_store_sq(a2, x2.data(), acc.data(), mean.data(), n);
+    double ref_sq = 0.0;
+    bool all_close = true;
+    for (std::size_t i = 0; i < n; ++i) {
+      float r = a0 * x0[i];
+      r += a1 * x1[i];
+      r = r + a2 * x2[i];
+      all_close &= close(mean[i], r);
+      ref_sq += static_cast<double>(r) * static_cast<double>(r);
+    }
+    INFO("n = " << n);
+    CHECK(all_close);
+    CHECK(std::fabs(sq - ref_sq) <= 2e-6 * ref_sq);
+  }
+}
+
+TEST_CASE("fast checked_encoded_squared_norm gives encoded_squared_norm and flags exactly the corrupt payloads",
+          "[fast][codec][batch]") {
+  for (const Codec codec : ddiloco::all_codecs) {
+    for (const std::size_t n : {std::size_t{1}, std::size_t{63}, std::size_t{65}, std::size_t{4097}, std::size_t{8257}}) {
+      const auto x = random_vector(n, 81, 2.0f);
+      const auto bytes = ddiloco::encode(codec, x);
+      // Covering [0, n) with uneven pieces, as the merge does per tensor.
+      bool valid = true;
+      double sum = 0.0;
+      for (std::size_t lo = 0; lo < n; lo += 37) {
+        const std::size_t len = std::min<std::size_t>(37, n - lo);
+        sum += fast::checked_encoded_squared_norm(codec, bytes.data(), n, lo, len, valid);
+      }
+      const double ref = fast::encoded_squared_norm(codec, bytes.data(), n, 0, n);
+      INFO(ddiloco::to_string(codec) << " n = " << n);
+      CHECK(valid);
+      CHECK(std::fabs(sum - ref) <= 2e-6 * ref);
+      if (codec != Codec::int8 && codec != Codec::int4) continue;
+      const std::size_t nb = ddiloco::detail::quant_blocks(n);
+      // A corrupt code in the last element and a negative scale in the last block.
+      auto bad_code = bytes;
+      if (codec == Codec::int8) {
+        bad_code[4 * nb + n - 1] = std::byte{0x80};
+      } else {
+        bad_code[4 * nb + (n - 1) / 2] = (n - 1) % 2 == 0 ? std::byte{0x08} : std::byte{0x80};
+      }
+      auto bad_scale = bytes;
+      bad_scale[4 * (nb - 1) + 3] = std::byte{0x80};  // sign bit of the last scale (little-endian)
+      if (std::bit_cast<float>(ddiloco::detail::load_u32(bad_scale.data() + 4 * (nb - 1))) == 0.0f) continue;
+      for (const auto* corrupt : {&bad_code, &bad_scale}) {
+        REQUIRE_FALSE(fast::valid_encoding(codec, corrupt->data(), n));
+        bool ok = true;
+        for (std::size_t lo = 0; lo < n; lo += 37) {
+          (void)fast::checked_encoded_squared_norm(codec, corrupt->data(), n, lo, std::min<std::size_t>(37, n - lo), ok);
+        }
+        CHECK_FALSE(ok);
+      }
+    }
   }
 }

@@ -388,14 +388,12 @@ inline bool decode_range(Codec codec, const std::byte* in, std::size_t n, std::s
   return detail::decode_range_base(codec, in, n, lo, len, out);
 }
 
-/// sum of the squares of elements [lo, lo + len) of a VALID n-element payload
-/// (any lo, len), without decoding to floats where whole quantisation blocks
-/// are covered: block b contributes s_b^2 * sum_j q_j^2 (an integer sum), in
-/// double. Equals the squared norm of ddiloco::decode's output up to the fp32
-/// rounding of each q_j * s_b there (~1e-7 relative). Any codec; the others
-/// decode into a stack buffer.
-inline double encoded_squared_norm(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
-                                   std::size_t len) noexcept {
+namespace detail {
+/// encoded_squared_norm, and with Check also the validity of every block it
+/// reads (the checks of valid_encoding), or-ed into `bad`.
+template <bool Check>
+[[gnu::always_inline]] inline double encoded_squared_norm_impl(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
+                                        std::size_t len, unsigned& bad) noexcept {
   alignas(64) float buf[kQuantBlock];
   double total = 0.0;
   const std::size_t hi = lo + len;
@@ -414,29 +412,86 @@ inline double encoded_squared_norm(Codec codec, const std::byte* in, std::size_t
     const std::size_t blo = b * kQuantBlock, bhi = std::min(n, blo + kQuantBlock);
     const std::size_t a = std::max(lo, blo), e = std::min(hi, bhi);
     if (a != blo || e != bhi || bhi - blo != kQuantBlock) {  // partial block: decode it
-      decode_range(codec, in, n, blo, bhi - blo, buf);
+      const bool ok = decode_range(codec, in, n, blo, bhi - blo, buf);
+      if constexpr (Check) bad |= ok ? 0U : 1U;
       total += squared_norm(buf + (a - blo), e - a);
       continue;
     }
-    const auto s = static_cast<double>(std::bit_cast<float>(ddiloco::detail::load_u32(in + 4 * b)));
+    const float sf = std::bit_cast<float>(ddiloco::detail::load_u32(in + 4 * b));
+    if constexpr (Check) bad |= sf >= 0.0f && sf <= std::numeric_limits<float>::max() ? 0U : 1U;
+    const auto s = static_cast<double>(sf);
     std::uint32_t q2 = 0;
+    unsigned bad_codes = 0;
     if (codec == Codec::int8) {
       const unsigned char* c = codes + blo;
       for (std::size_t j = 0; j < kQuantBlock; ++j) {
         const int q = static_cast<signed char>(c[j]);
         q2 += static_cast<std::uint32_t>(q * q);
+        if constexpr (Check) bad_codes |= c[j] == 0x80U ? 1U : 0U;
       }
     } else {
       const unsigned char* c = codes + blo / 2;
       for (std::size_t j = 0; j < kQuantBlock / 2; ++j) {
-        const int q0 = static_cast<int>((c[j] & 0xFU) ^ 8U) - 8;
-        const int q1 = static_cast<int>((static_cast<unsigned>(c[j]) >> 4) ^ 8U) - 8;
+        const unsigned lo4 = c[j] & 0xFU, hi4 = static_cast<unsigned>(c[j]) >> 4;
+        const int q0 = static_cast<int>(lo4 ^ 8U) - 8;
+        const int q1 = static_cast<int>(hi4 ^ 8U) - 8;
         q2 += static_cast<std::uint32_t>(q0 * q0 + q1 * q1);
+        if constexpr (Check) bad_codes |= (lo4 == 8U ? 1U : 0U) | (hi4 == 8U ? 1U : 0U);
       }
     }
+    bad |= bad_codes;
     total += s * s * static_cast<double>(q2);
   }
   return total;
+}
+
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+// The code scans vectorise into 32-byte lanes: built for AVX2 as well.
+__attribute__((target("avx2"))) inline double encoded_squared_norm_avx2(Codec codec, const std::byte* in,
+                                                                        std::size_t n, std::size_t lo,
+                                                                        std::size_t len) noexcept {
+  unsigned unused = 0;
+  return encoded_squared_norm_impl<false>(codec, in, n, lo, len, unused);
+}
+__attribute__((target("avx2"))) inline double checked_encoded_squared_norm_avx2(Codec codec, const std::byte* in,
+                                                                                std::size_t n, std::size_t lo,
+                                                                                std::size_t len,
+                                                                                unsigned& bad) noexcept {
+  return encoded_squared_norm_impl<true>(codec, in, n, lo, len, bad);
+}
+#endif
+}  // namespace detail
+
+/// sum of the squares of elements [lo, lo + len) of a VALID n-element payload
+/// (any lo, len), without decoding to floats where whole quantisation blocks
+/// are covered: block b contributes s_b^2 * sum_j q_j^2 (an integer sum), in
+/// double. Equals the squared norm of ddiloco::decode's output up to the fp32
+/// rounding of each q_j * s_b there (~1e-7 relative). Any codec; the others
+/// decode into a stack buffer.
+inline double encoded_squared_norm(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
+                                   std::size_t len) noexcept {
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+  if (detail::avx2_enabled()) return detail::encoded_squared_norm_avx2(codec, in, n, lo, len);
+#endif
+  unsigned unused = 0;
+  return detail::encoded_squared_norm_impl<false>(codec, in, n, lo, len, unused);
+}
+
+/// encoded_squared_norm of any payload, also checking the blocks it reads in
+/// the same scan: sets `valid` to false when one of them fails the checks of
+/// valid_encoding (leaves it unchanged otherwise). Covering [0, n) with calls
+/// checks the whole payload, as valid_encoding does, while computing norms.
+inline double checked_encoded_squared_norm(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
+                                           std::size_t len, bool& valid) noexcept {
+  unsigned bad = 0;
+#ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
+  const double sq = detail::avx2_enabled() ? detail::checked_encoded_squared_norm_avx2(codec, in, n, lo, len, bad)
+                                           : detail::encoded_squared_norm_impl<true>(codec, in, n, lo, len, bad);
+#else
+  const double sq = detail::encoded_squared_norm_impl<true>(codec, in, n, lo, len, bad);
+#endif
+  if (bad != 0) valid = false;
+  return sq;
 }
 
 /// True when the n-element payload `in` (encoded_size(codec, n) bytes, checked by

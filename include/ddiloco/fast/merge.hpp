@@ -41,7 +41,8 @@
 //     mean'    = (W / W') mean + sum_b (w_b s_b / W') v_b,
 // the same weighted mean of directions, only summed in a different order; and
 // sum_m w_m ||v_m|| gains sum_b w_b ||v_b||. For each group of whole tensors:
-//   pass 1  ||v_{b,t}||^2 of every contribution (int8/int4 from the codes);
+//   pass 1  ||v_{b,t}||^2 of every contribution (int8/int4: from the codes, for
+//           the whole fragment up front, in the same scan that validates them);
 //   pass 2  chunk by chunk (kBatchChunk elements, L1): acc = (W / W') mean,
 //           acc += (w_b s_b / W') v_b for each b (decoded into an L1 buffer),
 //           mean = acc, summing ||mean_t||^2 on the way.
@@ -216,16 +217,47 @@ struct RadialDirectional {
                                                      "; it must be finite and >= 0 (use 0 for an absent learner)"));
         }
         if (c.weight == 0.0) continue;
-        if (!floats && !fast::valid_encoding(c.codec, c.bytes.data(), size_)) {
-          throw ProtocolError(ddiloco::detail::msg(name, "::add_batch: element ", k, " (", to_string(c.codec),
-                                                   "): ", size_, " elements hold a negative/non-finite scale, a "
-                                                   "code outside [-Q, Q] or a nonzero padding nibble; the payload "
-                                                   "is corrupt, drop it (the accumulator is unchanged)"));
-        }
-        items.push_back({floats ? c.values.data() : nullptr, floats ? nullptr : c.bytes.data(), c.codec, c.weight});
+        items.push_back({floats ? c.values.data() : nullptr, floats ? nullptr : c.bytes.data(), c.codec, c.weight,
+                         nullptr, k});
       }
       if (items.empty()) return;
       const std::size_t nt = layout_.size();
+      // int8/int4: one scan of the codes both validates the payload and gives
+      // every tensor's ||v_t||^2 (pass 1 done up front, before anything changes).
+      std::vector<std::size_t> coded;
+      for (std::size_t b = 0; b < items.size(); ++b) {
+        if (!items[b].values && (items[b].codec == Codec::int8 || items[b].codec == Codec::int4)) coded.push_back(b);
+      }
+      std::vector<double> coded_sq(coded.size() * nt, 0.0);
+      if (!coded.empty()) {
+        const std::size_t nc = coded.size();
+        std::vector<double> part_sq(parts_ * nc * nt, 0.0);
+        std::vector<char> part_ok(parts_ * nc, 1);
+        for_each_part([&](std::size_t part, std::size_t lo, std::size_t hi) {
+          for (std::size_t i = 0; i < nc; ++i) {
+            const Item& it = items[coded[i]];
+            double* sq = part_sq.data() + (part * nc + i) * nt;
+            bool ok = true;
+            for_each_piece(lo, hi, [&](std::size_t t, std::size_t a, std::size_t len) {
+              sq[t] += fast::checked_encoded_squared_norm(it.codec, it.bytes, size_, a, len, ok);
+            });
+            part_ok[part * nc + i] = ok ? 1 : 0;
+          }
+        });
+        for (std::size_t i = 0; i < nc; ++i) {
+          for (std::size_t p = 0; p < parts_; ++p) {
+            if (part_ok[p * nc + i] == 0) {
+              const Item& it = items[coded[i]];
+              throw ProtocolError(ddiloco::detail::msg(
+                  name, "::add_batch: element ", it.index, " (", to_string(it.codec), "): ", size_,
+                  " elements hold a negative/non-finite scale, a code outside [-Q, Q] or a nonzero padding "
+                  "nibble; the payload is corrupt, drop it (the accumulator is unchanged)"));
+            }
+            for (std::size_t t = 0; t < nt; ++t) coded_sq[i * nt + t] += part_sq[(p * nc + i) * nt + t];
+          }
+          items[coded[i]].sq = coded_sq.data() + i * nt;
+        }
+      }
       const std::size_t sub = std::min(items.size(), kMaxBatch);
       std::vector<float> alpha(sub * nt);            // per item and tensor: w_b s_b / W'
       std::vector<double> partial(parts_ * sub * nt);  // per part, item and tensor
@@ -403,6 +435,8 @@ struct RadialDirectional {
       const std::byte* bytes;  // encoded payload when values is nullptr
       Codec codec;
       double weight;
+      const double* sq;   // per tensor ||v_t||^2 when computed up front, else nullptr
+      std::size_t index;  // position in the caller's batch (for messages)
     };
 
     /// Bytes per element of an item in memory.
@@ -447,6 +481,7 @@ struct RadialDirectional {
       for_range(g.lo, g.hi, [&](std::size_t part, std::size_t lo, std::size_t hi) {
         for (std::size_t b = 0; b < nb; ++b) {
           const Item& it = items[b];
+          if (it.sq) continue;  // norms known already
           double* sq = partial.data() + (part * nb + b) * nt;
           for_each_piece(lo, hi, [&](std::size_t t, std::size_t a, std::size_t len) {
             if (layout_[t].embedding) return;
@@ -460,7 +495,11 @@ struct RadialDirectional {
           double s = 1.0;  // embedding: running mean of v itself
           if (!layout_[t].embedding) {
             double sq = 0.0;
-            for (std::size_t p = 0; p < parts_; ++p) sq += partial[(p * nb + b) * nt + t];
+            if (items[b].sq) {
+              sq = items[b].sq[t];
+            } else {
+              for (std::size_t p = 0; p < parts_; ++p) sq += partial[(p * nb + b) * nt + t];
+            }
             const double norm = std::sqrt(sq);
             weighted_norm_sum_[t] += items[b].weight * norm;            // sum w ||v||
             s = norm >= FLT_MIN ? static_cast<double>(static_cast<float>(1.0 / norm)) : 0.0;  // phi(0) = 0
