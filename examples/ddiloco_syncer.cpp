@@ -221,15 +221,15 @@ int main(int argc, char** argv) try {
   const auto lr = static_cast<float>(f.num("outer-lr")), mu = static_cast<float>(f.num("outer-momentum"));
   if (merge != "rda" && merge != "average") throw InvalidArgument("--merge '" + merge + "': expected rda or average");
   if (opt == "nesterov") {
-    return merge == "rda" ? serve(f, plan, init, RadialDirectional(), NesterovSGD(lr, mu))
+    return merge == "rda" ? serve(f, plan, init, fast::RadialDirectional(), NesterovSGD(lr, mu))
                           : serve(f, plan, init, WeightedAverage(), NesterovSGD(lr, mu));
   }
   if (opt == "sgd") {
-    return merge == "rda" ? serve(f, plan, init, RadialDirectional(), PlainSGD(lr))
+    return merge == "rda" ? serve(f, plan, init, fast::RadialDirectional(), PlainSGD(lr))
                           : serve(f, plan, init, WeightedAverage(), PlainSGD(lr));
   }
   if (opt == "average") {
-    return merge == "rda" ? serve(f, plan, init, RadialDirectional(), AverageOnly())
+    return merge == "rda" ? serve(f, plan, init, fast::RadialDirectional(), AverageOnly())
                           : serve(f, plan, init, WeightedAverage(), AverageOnly());
   }
   throw InvalidArgument("--outer-optimizer '" + opt + "': expected nesterov, sgd or average");

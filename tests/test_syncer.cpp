@@ -752,3 +752,225 @@ TEST_CASE("The default syncer (fast RDA, fused Nesterov step) ends within a deri
     CHECK(std::fabs(a[0] - 0.5f) > 100 * bound);
   }
 }
+
+// ---- handle_batch -------------------------------------------------------------
+
+namespace {
+
+// fast::RadialDirectional that counts how contributions reach its accumulator.
+struct CountingRda {
+  static constexpr std::string_view name = "counting_rda";
+  static inline std::size_t adds = 0, batches = 0, batched = 0;
+  class Accumulator : public fast::RadialDirectional::Accumulator {
+   public:
+    using Base = fast::RadialDirectional::Accumulator;
+    using Base::Base;
+    void add(std::span<const float> v, double w) {
+      ++adds;
+      Base::add(v, w);
+    }
+    void add_batch(std::span<const fast::Contribution> b) {
+      ++batches;
+      batched += b.size();
+      Base::add_batch(b);
+    }
+  };
+  [[nodiscard]] Accumulator make_accumulator(std::span<const TensorSegment> layout) const {
+    return Accumulator(layout);
+  }
+  static void clear() { adds = batches = batched = 0; }
+};
+static_assert(MergeRule<CountingRda>);
+static_assert(detail::BatchAccumulator<CountingRda::Accumulator>);
+static_assert(!detail::BatchAccumulator<RadialDirectional::Accumulator>);
+
+std::vector<float> random_payload(std::size_t n, std::mt19937& rng, float bias) {
+  std::normal_distribution<float> g(0.0f, 0.05f);
+  std::vector<float> v(n);
+  for (float& x : v) x = g(rng) + bias;
+  return v;
+}
+
+// Everything a batch must leave equal to one-by-one handling (time-independent).
+void check_same_counters(const SyncerStatus& a, const SyncerStatus& b) {
+  CHECK(a.merges == b.merges);
+  CHECK(a.contributions_accepted == b.contributions_accepted);
+  CHECK(a.rejected == b.rejected);
+  CHECK(a.bytes_in == b.bytes_in);
+  CHECK(a.bytes_out == b.bytes_out);
+  CHECK(a.quorum_sizes == b.quorum_sizes);
+  REQUIRE(a.fragments.size() == b.fragments.size());
+  for (std::size_t p = 0; p < a.fragments.size(); ++p) CHECK(a.fragments[p] == b.fragments[p]);
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("handle_batch below the quorum equals handling the messages one by one, folded with one add_batch per "
+          "fragment",
+          "[syncer][batch]") {
+  // 7 contributions of 7 learners over both fragments, K = 8: no merge inside
+  // the batch. Then one more contribution per fragment (handled alone) closes
+  // the rounds with K reached, and both syncers must agree. Tolerance: add_batch
+  // equals the streaming adds up to float summation order (fast merge tests:
+  // Delta within 1e-5 of max|Delta|); one Nesterov step from zero momentum moves
+  // theta by lr (1 + mu) Delta, so |diff| <= 0.7 * 1.9 * 1e-5 * max|Delta| plus
+  // an fp32 rounding of theta (2^-23 * 2 for both sides); max|Delta| is at most
+  // the largest contribution norm D.
+  Rig r;
+  r.plan = make_plan({{"w", 300, false}, {"b", 37, false}, {"v", 129, false}}, 2);
+  r.init.assign(r.plan.total_numel(), 0.5f);
+  SyncerConfig c = k_of(8);
+  c.participation_scaling = true;
+  Syncer<CountingRda> one(r.plan, r.init, r.clock, c);
+  Syncer<CountingRda> batch(r.plan, r.init, r.clock, c);
+  for (LearnerId id = 1; id <= 9; ++id) {
+    r.join(one, id, 900 + id);
+    r.join(batch, id, 900 + id);
+  }
+  r.out.clear();
+  std::mt19937 rng(3);
+  std::vector<Message> msgs;
+  double max_norm = 0.0;
+  for (LearnerId id = 1; id <= 7; ++id) {
+    for (std::size_t p = 0; p < 2; ++p) {
+      Message m = r.contribution(id, p, 0.0f, Rig::seq0() + 1, 0, 4, 100 + 10 * id);
+      auto v = random_payload(r.plan.fragments()[p].numel, rng, id % 2 ? 0.01f : -0.02f);
+      max_norm = std::max(max_norm, std::sqrt(std::inner_product(v.begin(), v.end(), v.begin(), 0.0)));
+      m.payload = make_payload(std::move(v));
+      msgs.push_back(m);
+    }
+  }
+  Outbox out_one, out_batch;
+  CountingRda::clear();
+  for (const auto& m : msgs) one.handle(m, out_one);
+  CHECK(CountingRda::adds == 14);
+  CHECK(CountingRda::batches == 0);
+  CountingRda::clear();
+  batch.handle_batch(msgs, out_batch);
+  CHECK(CountingRda::adds == 0);
+  CHECK(CountingRda::batches == 2);  // one add_batch per fragment
+  CHECK(CountingRda::batched == 14);
+  CHECK(out_one.empty());
+  CHECK(out_batch.empty());
+  check_same_counters(one.status(), batch.status());
+  for (std::size_t p = 0; p < 2; ++p) {
+    Message close = r.contribution(8, p, 0.0f, Rig::seq0() + 1, 0, 4, 150);
+    close.payload = make_payload(random_payload(r.plan.fragments()[p].numel, rng, 0.0f));
+    one.handle(close, out_one);
+    batch.handle(close, out_batch);
+  }
+  check_same_counters(one.status(), batch.status());
+  CHECK(one.status().merges == 2);
+  CHECK(out_one.size() == out_batch.size());
+  const auto a = one.global_parameters(), b = batch.global_parameters();
+  const double bound = 0.7 * 1.9 * 1e-5 * max_norm + 2.0 * std::ldexp(1.0, -23) * 1.0;
+  INFO("max |diff| " << max_abs_diff(a, b) << ", bound " << bound);
+  CHECK(max_abs_diff(a, b) <= bound);
+  CHECK(max_abs_diff(a, r.init) > 100 * bound);  // the merge moved theta
+}
+
+TEST_CASE("Rejected messages in a batch are counted and answered as one by one and do not affect the accepted ones",
+          "[syncer][batch]") {
+  Rig r;
+  SyncerConfig c = k_of(5);
+  c.max_staleness = 1;
+  Syncer<CountingRda> one(r.plan, r.init, r.clock, c);
+  Syncer<CountingRda> batch(r.plan, r.init, r.clock, c);
+  Syncer<CountingRda> clean(r.plan, r.init, r.clock, c);  // only the good messages
+  const auto p = r.fragment_of_w();
+  // Bring fragment p to version 2 (two rounds of 5) so that a stale base exists.
+  for (auto* s : {&one, &batch, &clean})
+    for (LearnerId id = 1; id <= 6; ++id) r.join(*s, id, 700 + id);
+  for (std::uint64_t round = 0; round < 2; ++round)
+    for (LearnerId id = 1; id <= 5; ++id)
+      for (auto* s : {&one, &batch, &clean}) s->handle(r.contribution(id, p, 0.1f, Rig::seq0() + 1 + round, round), r.out);
+  REQUIRE(one.fragment(p).second == 2);
+  r.out.clear();
+
+  std::vector<Message> good = {r.contribution(1, p, 0.2f, Rig::seq0() + 3, 2, 10, 100),
+                               r.contribution(2, p, 0.3f, Rig::seq0() + 3, 2, 10, 300),
+                               r.contribution(3, p, 0.1f, Rig::seq0() + 3, 1, 10, 200)};
+  std::vector<Message> msgs;
+  Message foreign = r.contribution(4, p, 0.1f, Rig::seq0() + 3, 2);
+  foreign.fingerprint ^= 1;
+  Message nan = r.contribution(4, p, 0.1f, Rig::seq0() + 4, 2);
+  std::vector<float> v(*nan.payload);
+  v[2] = std::numeric_limits<float>::quiet_NaN();
+  nan.payload = make_payload(v);
+  Message wrong_size = r.contribution(4, p, 0.1f, Rig::seq0() + 5, 2);
+  wrong_size.payload = make_payload(std::vector<float>(3, 0.1f));
+  msgs.push_back(foreign);
+  msgs.push_back(good[0]);
+  msgs.push_back(nan);
+  msgs.push_back(r.contribution(1, p, 0.2f, Rig::seq0() + 3, 2));  // duplicate of good[0]
+  msgs.push_back(good[1]);
+  msgs.push_back(wrong_size);
+  msgs.push_back(r.contribution(99, p, 0.2f, Rig::seq0() + 1, 2));  // unknown learner
+  msgs.push_back(r.contribution(4, p, 0.2f, Rig::seq0() + 6, 5));   // future version
+  msgs.push_back(r.contribution(5, p, 0.2f, Rig::seq0() + 3, 0));   // stale: answered
+  msgs.push_back(r.contribution(6, p, 0.2f, Rig::seq0() + 1, 2, 0, 0));  // bad counters
+  msgs.push_back(good[2]);
+  Outbox out_one, out_batch, out_clean;
+  for (const auto& m : msgs) one.handle(m, out_one);
+  CountingRda::clear();
+  batch.handle_batch(msgs, out_batch);
+  CHECK(CountingRda::batches == 1);
+  CHECK(CountingRda::batched == 3);
+  clean.handle_batch(good, out_clean);
+  check_same_counters(one.status(), batch.status());
+  const auto st = batch.status();
+  for (RejectReason why : {RejectReason::foreign_plan, RejectReason::non_finite, RejectReason::duplicate,
+                           RejectReason::wrong_size, RejectReason::unknown_learner, RejectReason::future_version,
+                           RejectReason::stale, RejectReason::bad_counters}) {
+    INFO(to_string(why));
+    CHECK(st.rejected[static_cast<std::size_t>(why)] == 1);
+  }
+  CHECK(st.contributions_accepted == 10 + 3);
+  // The stale one is answered with the current fragment, in both.
+  REQUIRE(out_batch.size() == 1);
+  CHECK(out_batch[0].to == 5);
+  CHECK(out_batch[0].message.version == 2);
+  CHECK(out_one.size() == 1);
+  // The accepted ones merged exactly as without the bad messages (K = 5 not reached:
+  // close the round in both with the same two contributions).
+  for (auto* s : {&batch, &clean}) {
+    Outbox o;
+    s->handle(r.contribution(4, p, 0.15f, Rig::seq0() + 7, 2), o);
+    s->handle(r.contribution(6, p, 0.15f, Rig::seq0() + 2, 2), o);
+  }
+  REQUIRE(batch.fragment(p).second == 3);
+  CHECK(batch.fragment(p).first == clean.fragment(p).first);  // same adds in the same order: bit-identical
+}
+
+TEST_CASE("At K = 1 contributions handled as one batch land in one merge; a join inside the batch cuts it",
+          "[syncer][batch]") {
+  Rig r;
+  Syncer<> s(r.plan, r.init, r.clock, k_of(1));
+  for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
+  r.out.clear();
+  const auto p = r.fragment_of_w();
+  std::vector<Message> msgs = {r.contribution(1, p, 0.1f, Rig::seq0() + 1), r.contribution(2, p, 0.2f, Rig::seq0() + 1),
+                               r.contribution(3, p, 0.3f, Rig::seq0() + 1)};
+  s.handle_batch(msgs, r.out);
+  CHECK(s.fragment(p).second == 1);
+  CHECK(s.status().fragments[p].last_quorum_size == 3);
+  CHECK(r.global_receivers() == std::vector<LearnerId>{1, 2, 3});  // one global each
+  r.out.clear();
+  Message join;
+  join.type = MessageType::join;
+  join.fingerprint = r.plan.fingerprint();
+  join.learner = 4;
+  join.sequence = 4444;
+  std::vector<Message> cut = {r.contribution(1, p, 0.1f, Rig::seq0() + 2, 1), join,
+                              r.contribution(2, p, 0.2f, Rig::seq0() + 2, 1)};
+  s.handle_batch(cut, r.out);
+  CHECK(s.fragment(p).second == 3);  // two merges of one: the join ended the first batch
+  CHECK(s.status().quorum_sizes.at(1) == 2);
+  CHECK(r.count(MessageType::full_state) == r.plan.num_fragments());
+}

@@ -5,7 +5,8 @@
 // round of each fragment (a streaming merge accumulator: memory does not grow
 // with the number of learners), validation of every contribution, and the
 // quorum/grace decision. It turns incoming messages and the passing of time
-// into outgoing messages (an Outbox). It is thread-safe: membership has one
+// into outgoing messages (an Outbox); handle_batch() takes several messages
+// and folds one fragment's accepted contributions together. It is thread-safe: membership has one
 // lock and each fragment its own, so contributions to different fragments are
 // validated and accumulated in parallel by a runtime's worker pool.
 // Its durable state can be copied out (snapshot()) and put back (restore())
@@ -308,6 +309,13 @@ concept FusedFinishStep = std::same_as<Opt, NesterovSGD> &&
                             acc.finish_step(opt, share, x, x);
                           };
 
+/// True when Rule's accumulator folds several in-memory contributions in one
+/// call (fast::RadialDirectional::Accumulator::add_batch): handle_batch() then
+/// folds one fragment's accepted contributions with one call instead of one
+/// add() each.
+template <class Acc>
+concept BatchAccumulator = requires(Acc& acc, std::span<const fast::Contribution> batch) { acc.add_batch(batch); };
+
 }  // namespace detail
 
 /// The merge rule defaults to fast::RadialDirectional (<ddiloco/fast/merge.hpp>):
@@ -376,6 +384,42 @@ class Syncer {
       case MessageType::global_fragment: return reject(RejectReason::unexpected_type);
     }
     reject(RejectReason::unexpected_type);
+  }
+
+  /// Handles `msgs` in order as handle() would, one message at a time, except
+  /// that contributions are folded in batches: every message is validated
+  /// exactly as handle() validates it (same reject counters, same replies),
+  /// then the accepted contributions of one fragment are added to its
+  /// accumulator together (one add_batch call when the rule has it, else one
+  /// add each) and the wait policy is asked once per fragment. A message that
+  /// is not a contribution (join, leave, heartbeat, wrong direction) ends the
+  /// batch before it: what came before is folded first, so membership changes
+  /// keep their place in the order.
+  ///
+  /// The semantic change: contributions folded together land in ONE merge,
+  /// even at K = 1 where handle() would merge after each (a learner with two
+  /// contributions in the batch is counted once in k, as in any round). When
+  /// the quorum is not reached inside the batch, the result equals handling
+  /// the messages one by one up to float summation order. SyncerRuntime passes
+  /// everything queued for a fragment here.
+  void handle_batch(std::span<const Message> msgs, Outbox& out) {
+    std::vector<Checked> pending;
+    for (const Message& m : msgs) {
+      const TimePoint now = clock_->now();
+      if (m.type == MessageType::contribution) {
+        count_in(m);
+        if (m.fingerprint != plan_.fingerprint()) {
+          reject(RejectReason::foreign_plan);
+        } else if (auto c = precheck(m, now)) {
+          pending.push_back(*c);
+        }
+        continue;
+      }
+      fold(pending, out);
+      pending.clear();
+      handle(m, out);
+    }
+    fold(pending, out);
   }
 
   /// Lets time pass: declares silent learners dead and merges every fragment
@@ -790,61 +834,126 @@ class Syncer {
   void on_heartbeat(const Message& m, TimePoint now) { touch(m.learner, now); }
 
   // ---- contributions ------------------------------------------------------
+  /// A contribution that passed the checks needing no fragment lock.
+  struct Checked {
+    const Message* m = nullptr;
+    TimePoint now{0};  ///< when it was handled (round start, step time)
+    double per_step_norm = 0.0;
+    double weight = 0.0;
+    std::optional<Duration> step_time;
+  };
+
   void on_contribution(const Message& m, TimePoint now, Outbox& out) {
-    if (m.fragment >= fragments_.size()) return reject(RejectReason::bad_fragment);
-    const std::size_t p = m.fragment;
-    auto& f = fragments_[p];
-    if (m.payload_size() != f.theta.size()) return reject(RejectReason::wrong_size);
-    if (m.steps < 1 || m.tokens < 0) return reject(RejectReason::bad_counters);
-    // One pass over the payload: finiteness and norm.
-    double sq = 0.0;
+    if (auto c = precheck(m, now)) fold(std::span<const Checked>(&*c, 1), out);
+  }
+
+  /// The checks of a contribution that need no fragment lock: index, size,
+  /// counters, finiteness (one pass computing the norm too), known learner.
+  std::optional<Checked> precheck(const Message& m, TimePoint now) {
+    const auto refuse = [this](RejectReason why) -> std::optional<Checked> {
+      reject(why);
+      return std::nullopt;
+    };
+    if (m.fragment >= fragments_.size()) return refuse(RejectReason::bad_fragment);
+    // A payload the transport left encoded (or none) is not accepted here.
+    if (!m.payload || m.payload_size() != fragments_[m.fragment].theta.size()) return refuse(RejectReason::wrong_size);
+    if (m.steps < 1 || m.tokens < 0) return refuse(RejectReason::bad_counters);
+    double sq = 0.0;  // one pass over the payload: finiteness and norm
     for (float x : *m.payload) {
-      if (!std::isfinite(x)) return reject(RejectReason::non_finite);
+      if (!std::isfinite(x)) return refuse(RejectReason::non_finite);
       sq += static_cast<double>(x) * static_cast<double>(x);
     }
-    const double per_step_norm = std::sqrt(sq) / static_cast<double>(m.steps);
-    std::optional<Duration> step_time;
-    if (!touch(m.learner, now, m.step, &step_time)) return;
-    const double weight = weights_(Counters{m.steps, m.tokens});
+    Checked c;
+    c.m = &m;
+    c.now = now;
+    c.per_step_norm = std::sqrt(sq) / static_cast<double>(m.steps);
+    if (!touch(m.learner, now, m.step, &c.step_time)) return std::nullopt;
+    c.weight = weights_(Counters{m.steps, m.tokens});
+    return c;
+  }
 
-    std::unique_lock lock(f.mutex);
-    if (step_time) f.wait->observe_step_time(*step_time);
+  /// The checks under fragment p's lock (sequence, version, staleness, norm),
+  /// in this order; a stale contribution is answered with the current
+  /// fragment. An accepted one joins the open round's bookkeeping (not yet the
+  /// accumulator: fold() adds it). Returns true if accepted. Caller holds f.mutex.
+  bool admit(std::size_t p, FragmentState& f, const Checked& c, Outbox& out) {
+    const Message& m = *c.m;
+    if (c.step_time) f.wait->observe_step_time(*c.step_time);
     auto& last = f.last_sequence[m.learner];
     if (m.sequence <= last) {
       ++f.rejected_duplicate;
-      return;
+      return false;
     }
     if (m.version > f.version) {
       ++f.rejected_future;
-      return;
+      return false;
     }
     if (f.version - m.version > config_.max_staleness) {
       ++f.rejected_stale;
       last = m.sequence;  // answered: a replay of this one is a duplicate
       const std::size_t from = out.size();
       out.push_back({m.learner, global_message(p, f, m.learner, MessageType::global_fragment)});
-      lock.unlock();
       count_out(out, from);
-      return;
+      return false;
     }
-    if (f.norm_samples >= config_.norm_warmup && per_step_norm > config_.norm_outlier_factor * f.norm_ema) {
+    if (f.norm_samples >= config_.norm_warmup && c.per_step_norm > config_.norm_outlier_factor * f.norm_ema) {
       ++f.rejected_norm;
-      return;
+      return false;
     }
     last = m.sequence;
-    f.norm_ema = f.norm_samples == 0 ? per_step_norm : 0.9 * f.norm_ema + 0.1 * per_step_norm;
+    f.norm_ema = f.norm_samples == 0 ? c.per_step_norm : 0.9 * f.norm_ema + 0.1 * c.per_step_norm;
     ++f.norm_samples;
     ++f.accepted;
     f.accepted_from.insert(m.learner);
-    if (weight > 0.0) {
-      f.acc->add(std::span<const float>(*m.payload), weight);
+    if (c.weight > 0.0) {
       if (f.round.contributions == 0 && f.contributors.empty()) {
         f.round = RoundState{};
-        f.round.start = now;
+        f.round.start = c.now;
       }
       if (f.contributors.insert(m.learner).second) f.round.contributions = f.contributors.size();
     }
-    decide_and_merge(p, f, now, out);
+    return true;
+  }
+
+  /// Admits prechecked contributions fragment by fragment (fragments in order
+  /// of first appearance, each fragment's contributions in their order, under
+  /// its lock), folds the accepted ones of a fragment into its accumulator with
+  /// one add_batch call when the accumulator has it (else add by add), then
+  /// asks the wait policy once.
+  void fold(std::span<const Checked> batch, Outbox& out) {
+    std::vector<bool> seen(fragments_.size(), false);
+    std::vector<const Checked*> accepted;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      const std::size_t p = batch[i].m->fragment;
+      if (seen[p]) continue;
+      seen[p] = true;
+      auto& f = fragments_[p];
+      std::unique_lock lock(f.mutex);
+      bool any = false;
+      accepted.clear();
+      for (std::size_t j = i; j < batch.size(); ++j) {
+        if (batch[j].m->fragment != p || !admit(p, f, batch[j], out)) continue;
+        any = true;
+        if (batch[j].weight > 0.0) accepted.push_back(&batch[j]);
+      }
+      accumulate(f, accepted);
+      if (any) decide_and_merge(p, f, batch.size() == 1 ? batch[0].now : clock_->now(), out);
+    }
+  }
+
+  void accumulate(FragmentState& f, std::span<const Checked* const> items) {
+    if constexpr (detail::BatchAccumulator<typename Rule::Accumulator>) {
+      if (items.size() > 1) {
+        std::vector<fast::Contribution> batch(items.size());
+        for (std::size_t i = 0; i < items.size(); ++i) {
+          batch[i].values = std::span<const float>(*items[i]->m->payload);
+          batch[i].weight = items[i]->weight;
+        }
+        f.acc->add_batch(batch);
+        return;
+      }
+    }
+    for (const Checked* c : items) f.acc->add(std::span<const float>(*c->m->payload), c->weight);
   }
 
   /// Asks the wait policy about fragment p's round; merges if told to.

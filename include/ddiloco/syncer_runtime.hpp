@@ -8,6 +8,24 @@
 // next deadline (grace expiry, heartbeat time-out) and prints nothing itself:
 // a status callback receives a SyncerStatus every `status_every`.
 // What it is not: the state machine (syncer.hpp) or a transport.
+//
+// Contributions are batched per fragment. Each fragment has a queue; a
+// contribution is appended to its fragment's queue and, if no drain task for
+// that fragment is pending, one is submitted to the pool keyed by the
+// fragment. The drain task takes everything queued for its fragment and
+// passes it to Syncer::handle_batch, which validates each message as handle()
+// does and folds the accepted ones with one add_batch call. Invariants: at
+// most one drain task per fragment is pending or running (the `scheduled`
+// flag, set and cleared under the queue's lock, so a message appended while a
+// drain runs is either taken by it or by the task it submits next: never
+// lost, never handled twice); a fragment's messages are handled in the order
+// they were queued (one drain at a time, each taking the queue front to back);
+// a drain that finds more queued after its batch re-submits itself at the back
+// of its worker's queue, so a busy fragment does not starve the others.
+// Semantic change from one task per contribution: contributions that queue up
+// while a merge or a batch of their fragment is running are folded together
+// and land in ONE merge, even at K = 1 (see Syncer::handle_batch). When the
+// workers keep up, batches hold one contribution and nothing changes.
 #pragma once
 
 #include <atomic>
@@ -44,6 +62,8 @@ class SyncerRuntime {
         pool_(config_.workers),
         scheduled_(syncer.plan().num_fragments()) {
     for (auto& s : scheduled_) s.store(false);
+    queues_.reserve(syncer.plan().num_fragments());
+    for (std::size_t p = 0; p < syncer.plan().num_fragments(); ++p) queues_.push_back(std::make_unique<Queue>());
   }
   SyncerRuntime(const SyncerRuntime&) = delete;
   SyncerRuntime& operator=(const SyncerRuntime&) = delete;
@@ -55,11 +75,13 @@ class SyncerRuntime {
     thread_ = std::jthread([this](std::stop_token st) { loop(st); });
   }
 
-  /// Stops receiving, then waits for the workers to finish what they have.
+  /// Stops receiving, then waits for the workers to finish what they have
+  /// (also what deliver() queued without a receive thread).
   void stop() {
-    if (!thread_.joinable()) return;
-    thread_.request_stop();
-    thread_.join();
+    if (thread_.joinable()) {
+      thread_.request_stop();
+      thread_.join();
+    }
     pool_.wait_idle();
   }
 
@@ -68,6 +90,32 @@ class SyncerRuntime {
     loop(st);
     pool_.wait_idle();
   }
+
+  /// Handles one message as if the transport had delivered it: a contribution
+  /// to a known fragment is queued for its fragment's drain task, anything else
+  /// is handled on the calling thread (replies sent through the transport).
+  /// Thread-safe; the receive loop calls it for every message it takes.
+  void deliver(Message m) {
+    if (m.type == MessageType::contribution && m.fragment < queues_.size()) {
+      const std::size_t p = m.fragment;
+      Queue& q = *queues_[p];
+      {
+        std::lock_guard lock(q.mutex);
+        q.pending.push_back(std::move(m));
+        if (q.scheduled) return;  // the pending or running drain will take it
+        q.scheduled = true;
+      }
+      submit_drain(p);
+      return;
+    }
+    Outbox out;
+    syncer_->handle(m, out);
+    flush(out);
+  }
+
+  /// Blocks until every queued contribution and submitted merge task has been
+  /// handled (the receive thread may still add more).
+  void wait_idle() { pool_.wait_idle(); }
 
   [[nodiscard]] std::uint64_t send_failures() const noexcept { return send_failures_.load(); }
   [[nodiscard]] std::size_t task_failures() const noexcept { return pool_.failures(); }
@@ -79,27 +127,66 @@ class SyncerRuntime {
     out.clear();
   }
 
+  struct Queue {
+    std::mutex mutex;
+    std::vector<Message> pending;  ///< queued contributions, arrival order
+    bool scheduled = false;        ///< a drain task is pending or running
+  };
+
+  void submit_drain(std::size_t p) {
+    pool_.submit(p, [this, p] { drain(p); });
+  }
+
+  /// Handles everything queued for fragment p as one batch. Then, if more
+  /// arrived meanwhile, goes again: inline when the pool has no workers, else
+  /// by re-submitting itself (other fragments on this worker get their turn).
+  void drain(std::size_t p) {
+    Queue& q = *queues_[p];
+    std::vector<Message> batch;
+    for (;;) {
+      {
+        std::lock_guard lock(q.mutex);
+        if (q.pending.empty()) {
+          q.scheduled = false;
+          return;
+        }
+        batch.swap(q.pending);
+      }
+      Outbox out;
+      try {
+        syncer_->handle_batch(batch, out);
+      } catch (...) {
+        // A throwing batch is counted by the pool; keep the queue alive.
+        batch.clear();
+        flush(out);
+        finish_or_resubmit(q, p);
+        throw;
+      }
+      batch.clear();
+      flush(out);
+      if (pool_.size() > 0) return finish_or_resubmit(q, p);
+    }
+  }
+
+  /// Clears `scheduled` if nothing is queued, else submits the next drain.
+  void finish_or_resubmit(Queue& q, std::size_t p) {
+    {
+      std::lock_guard lock(q.mutex);
+      if (q.pending.empty()) {
+        q.scheduled = false;
+        return;
+      }
+    }
+    submit_drain(p);
+  }
+
   void loop(std::stop_token st) {
     const Clock& clock = transport_->clock();
     TimePoint next_status = clock.now() + config_.status_every;
-    Outbox out;
     while (!st.stop_requested()) {
       TimePoint deadline = clock.now() + config_.poll;
       if (auto wake = syncer_->next_wakeup(); wake && *wake < deadline) deadline = *wake;
-      if (auto m = transport_->receive_until(deadline)) {
-        if (m->type == MessageType::contribution) {
-          // Keyed by fragment: one fragment's contributions are handled in arrival order.
-          const std::size_t key = m->fragment;
-          pool_.submit(key, [this, msg = std::move(*m)] {
-            Outbox local;
-            syncer_->handle(msg, local);
-            flush(local);
-          });
-        } else {
-          syncer_->handle(*m, out);
-          flush(out);
-        }
-      }
+      if (auto m = transport_->receive_until(deadline)) deliver(std::move(*m));
       syncer_->expire_learners();
       const TimePoint now = clock.now();
       for (std::size_t p : syncer_->due_fragments(now)) {
@@ -122,7 +209,8 @@ class SyncerRuntime {
   Transport* transport_;
   SyncerRuntimeConfig config_;
   detail::ThreadPool pool_;
-  std::vector<std::atomic<bool>> scheduled_;
+  std::vector<std::atomic<bool>> scheduled_;   ///< per fragment: a merge task is queued
+  std::vector<std::unique_ptr<Queue>> queues_;  ///< per fragment: contributions waiting for a drain
   std::atomic<std::uint64_t> send_failures_{0};
   std::jthread thread_;
 };
