@@ -26,6 +26,10 @@
 # Usage: run_wan.sh --bin DIR [--out DIR] [--smoke] [--grid "RTT_MS:RATE ..."]
 #        [--modes "decoupled-fp32 decoupled-int4 sync"] [--learners N]
 #        [--steps-decoupled N] [--steps-sync N] [--repeats N]
+#        [--send-merged-to contributors|alive] [--global-codec fp32|bf16|...]
+#   --send-merged-to / --global-codec: the Decoupled syncer's down-link
+#   (ddiloco_syncer flags of the same names; defaults contributors / fp32: each
+#   merged fragment goes back only to the learners whose contributions it holds).
 #   --repeats N runs the whole grid N times, one pass after the other (so slow
 #   drifts of the machine's load spread over all grid points).
 #   RATE is a tc rate (50mbit, 100mbit, 1gbit) or "none" (no limit); the grid
@@ -36,7 +40,7 @@ set -u -o pipefail
 BIN="" OUT="" SMOKE=0 LEARNERS=4
 GRID="0:none 20:50mbit 20:100mbit 20:1gbit 50:100mbit 100:50mbit 100:100mbit 100:1gbit"
 MODES="decoupled-fp32 decoupled-int4 sync"
-STEPS_DEC=3000 STEPS_SYNC=100 REPEATS=1
+STEPS_DEC=3000 STEPS_SYNC=100 REPEATS=1 SEND_TO=contributors GLOBAL_CODEC=fp32
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN="$2"; shift 2 ;;
@@ -48,7 +52,9 @@ while [ $# -gt 0 ]; do
     --steps-decoupled) STEPS_DEC="$2"; shift 2 ;;
     --steps-sync) STEPS_SYNC="$2"; shift 2 ;;
     --repeats) REPEATS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    --send-merged-to) SEND_TO="$2"; shift 2 ;;
+    --global-codec) GLOBAL_CODEC="$2"; shift 2 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "run_wan.sh: unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -185,12 +191,13 @@ run_mode() {
   local mode="$1" rtt="$2" rate="$3" i
   local dir="$OUT/logs/${mode}_rtt${rtt}_${rate}_rep$REP"
   rm -rf "$dir"; mkdir -p "$dir"
-  local sflags lflags steps codec=fp32
+  local sflags lflags steps codec=fp32 send_to=alive gcodec=fp32
   case "$mode" in
     decoupled-*)
       codec="${mode#decoupled-}"
       steps="$STEPS_DEC"
-      sflags="--fragments 5 --sync-every 24 --overlap 2 --quorum 1 --outer-momentum 0.5"
+      send_to="$SEND_TO" gcodec="$GLOBAL_CODEC"
+      sflags="--fragments 5 --sync-every 24 --overlap 2 --quorum 1 --outer-momentum 0.5 --send-merged-to $send_to --global-codec $gcodec"
       lflags="--fragments 5 --sync-every 24 --overlap 2 --codec $codec" ;;
     sync)
       # Synchronous baseline: every step exchanges the full model delta; the
@@ -205,7 +212,7 @@ run_mode() {
     $sflags --status-file "$dir/status" --status-every-ms 1000 >"$dir/syncer.log" 2>&1 &
   local spid=$!
   PIDS+=("$spid")
-  sleep 0.5
+  # No wait for the syncer: a learner's join is retried until --join-timeout-ms.
   local t0 t1 lpids=()
   t0="$(date +%s.%N)"
   for ((i = 0; i < LEARNERS; i++)); do
@@ -247,12 +254,12 @@ run_mode() {
   merges="$(sed -n 's/^merges=//p' "$dir/status" 2>/dev/null)"
   local stale
   stale="$(sed -n 's/^rejected_stale=//p' "$dir/status" 2>/dev/null)"
-  echo "$mode,$rtt,$rate,$LEARNERS,$steps,$codec,${params:-0},$(echo "$tps" | tr ' ' ';'),$(python3 -c "print(f'{$t1 - $t0:.3f}')"),${bin:-0},${bout:-0},${merges:-0},$ok,$steady,$sends,$applies,${stale:-0},${accepted:-0},${val:-nan},$REP" >>"$OUT/wan.csv"
+  echo "$mode,$rtt,$rate,$LEARNERS,$steps,$codec,${params:-0},$(echo "$tps" | tr ' ' ';'),$(python3 -c "print(f'{$t1 - $t0:.3f}')"),${bin:-0},${bout:-0},${merges:-0},$ok,$steady,$sends,$applies,${stale:-0},${accepted:-0},${val:-nan},$REP,$send_to,$gcodec" >>"$OUT/wan.csv"
   echo "wan: rep $REP $mode rtt=${rtt}ms rate=$rate tokens/s per learner: $tps steady steps/s: $steady merges=${merges:-?} accepted=${accepted:-?} stale=${stale:-?} val=${val:-?} bytes_in=${bin:-?} bytes_out=${bout:-?} ok=$ok"
   [ "$ok" = 1 ] && [ "${merges:-0}" -gt 0 ]
 }
 
-echo "mode,rtt_ms,rate,learners,steps,codec,params,tokens_per_s,wall_s,bytes_in,bytes_out,merges,ok,steady_steps_per_s,sends,applies,rejected_stale,accepted,val_loss,rep" >"$OUT/wan.csv"
+echo "mode,rtt_ms,rate,learners,steps,codec,params,tokens_per_s,wall_s,bytes_in,bytes_out,merges,ok,steady_steps_per_s,sends,applies,rejected_stale,accepted,val_loss,rep,send_merged_to,global_codec" >"$OUT/wan.csv"
 status=0
 for ((REP = 1; REP <= REPEATS; REP++)); do
   for point in $GRID; do
