@@ -121,8 +121,9 @@ struct RadialDirectional {
   static constexpr std::size_t kGroup = std::size_t{1} << 18;
   /// add_batch: contributions folded per pass over the mean.
   static constexpr std::size_t kMaxBatch = 16;
-  /// add_batch: elements per pass-2 chunk (8 KiB of fp32 accumulator, L1).
-  static constexpr std::size_t kBatchChunk = 2048;
+  /// add_batch: elements per pass-2 chunk (16 KiB of fp32 accumulator + 16 KiB of
+  /// decoded payload, L1; 2048 measured the same for fp32 and ~8% slower for int4).
+  static constexpr std::size_t kBatchChunk = 4096;
   static_assert(kBatchChunk % kQuantBlock == 0 && kBatchChunk <= kChunk);
 
   Workers* workers = nullptr;
