@@ -257,7 +257,8 @@ void write_outputs(const Context& ctx, const std::vector<Row>& rows, double init
     std::ofstream f(dir / "results.csv");
     f << "method,failures,tokens,val_loss,wall_time_s,goodput,merges,kills,restarts,bytes_sent,real_s\n";
     for (const auto& r : rows)
-      f << r.label << ',' << r.failures << ',' << r.tokens << ',' << r.val_loss << ',' << r.sim_s << ','
+      f << r.label << ",\"" << r.failures << "\","  // the failures column holds commas: quoted
+        << r.tokens << ',' << r.val_loss << ',' << r.sim_s << ','
         << r.goodput << ',' << r.merges << ',' << r.kills << ',' << r.restarts << ',' << r.bytes_sent << ','
         << r.real_s << '\n';
   }
@@ -323,8 +324,14 @@ int run_zmq_learner(const Options& o, const std::string& endpoint, ddiloco::Lear
   oc.sync_every = o.sync_every;
   oc.overlap = 2;
   ddiloco::OuterLoop<ddiloco::ZmqLearnerTransport, torch::Tensor> outer(plan, link, oc);
+  // Fixed validation batches (the comparison's): the loss of this learner's parameters, which
+  // are the global ones right after join.
+  torch_gpt::SequenceSampler vs(corpus.validation, o.trainer.model.context, o.trainer.batch, 12345, Shard{0, 1});
+  std::vector<torch_gpt::SequenceBatch> validation;
+  for (std::size_t i = 0; i < o.eval_batches; ++i) validation.push_back(vs.next());
   outer.join(learner.parameters());
-  std::printf("learner %u joined %s\n", id, endpoint.c_str());
+  std::printf("learner %u joined %s: validation loss %.4f\n", id, endpoint.c_str(),
+              torch_gpt::evaluate(learner.model(), validation));
   for (std::size_t s = 1; s <= o.steps; ++s) {
     const std::int64_t tokens = learner.inner_step();
     outer.step(learner.parameters(), tokens);
@@ -334,6 +341,11 @@ int run_zmq_learner(const Options& o, const std::string& endpoint, ddiloco::Lear
                   static_cast<unsigned long long>(outer.status().applies));
     std::fflush(stdout);
   }
+  std::printf("learner %u: done after %zu steps, sends %llu applies %llu, validation loss %.4f\n", id, o.steps,
+              static_cast<unsigned long long>(outer.status().sends),
+              static_cast<unsigned long long>(outer.status().applies),
+              torch_gpt::evaluate(learner.model(), validation));
+  std::fflush(stdout);
   outer.leave();
   return 0;
 }
