@@ -5,12 +5,9 @@
 // repeated one would be rejected as a duplicate). Waits are on latches or on
 // the syncer's counters, never on sleeps.
 // DDILOCO_TEST_LABEL(threaded)
-#include <ddiloco/syncer_runtime.hpp>
-
-#include <ddiloco/transport/in_process.hpp>
-
 #include <catch2/catch.hpp>
-
+#include <ddiloco/syncer_runtime.hpp>
+#include <ddiloco/transport/in_process.hpp>
 #include <latch>
 #include <thread>
 #include <vector>
@@ -54,7 +51,8 @@ Message contribution(const Plan& plan, LearnerId id, std::size_t p, std::uint64_
   m.steps = 4;
   m.tokens = 64;
   m.step = seq;
-  m.payload = make_payload(std::vector<float>(plan.fragments()[p].numel, 0.001f * static_cast<float>(1 + id)));
+  m.payload =
+      make_payload(std::vector<float>(plan.fragments()[p].numel, 0.001f * static_cast<float>(1 + id)));
   return m;
 }
 
@@ -89,8 +87,10 @@ struct GatedRda {
 
 }  // namespace
 
-TEST_CASE("Contributions delivered by several producer threads are each handled exactly once, in order per fragment",
-          "[syncer_runtime]") {
+TEST_CASE(
+    "Contributions delivered by several producer threads are each handled exactly once, in order per "
+    "fragment",
+    "[syncer_runtime]") {
   constexpr LearnerId kProducers = 4;
   constexpr std::uint64_t kPerProducer = 300;
   SteadyClock clock;
@@ -114,7 +114,7 @@ TEST_CASE("Contributions delivered by several producer threads are each handled 
           runtime.deliver(contribution(plan, id, i % plan.num_fragments(), seq0() + i));
       });
     }
-  }  // producers joined
+  }                // producers joined
   runtime.stop();  // waits for every queued drain
   const auto s = syncer.status();
   INFO(s.line());
@@ -128,8 +128,9 @@ TEST_CASE("Contributions delivered by several producer threads are each handled 
   for (float x : syncer.global_parameters()) CHECK(std::isfinite(x));
 }
 
-TEST_CASE("Through the receive thread, every contribution sent by several learner threads is accepted exactly once",
-          "[syncer_runtime]") {
+TEST_CASE(
+    "Through the receive thread, every contribution sent by several learner threads is accepted exactly once",
+    "[syncer_runtime]") {
   constexpr LearnerId kLearners = 3;
   constexpr std::uint64_t kPerLearner = 200;
   SteadyClock clock;
@@ -157,7 +158,8 @@ TEST_CASE("Through the receive thread, every contribution sent by several learne
   REQUIRE(refused == 0);
   // Wait for the syncer's counter (an event, bounded by a deadline), then stop.
   const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (syncer.status().contributions_accepted + syncer.status().rejected_total() < kLearners * kPerLearner &&
+  while (syncer.status().contributions_accepted + syncer.status().rejected_total() <
+             kLearners * kPerLearner &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::yield();
   runtime.stop();
@@ -168,8 +170,9 @@ TEST_CASE("Through the receive thread, every contribution sent by several learne
   CHECK(runtime.send_failures() == 0);
 }
 
-TEST_CASE("Contributions that queue up behind a running drain are folded with one add_batch and land in one merge",
-          "[syncer_runtime]") {
+TEST_CASE(
+    "Contributions that queue up behind a running drain are folded with one add_batch and land in one merge",
+    "[syncer_runtime]") {
   VirtualClock clock;
   const Plan plan = small_plan();
   InProcessNetwork net(clock, {}, std::size_t{1} << 12);

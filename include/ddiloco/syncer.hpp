@@ -19,6 +19,8 @@
 // Round of fragment p (algorithm.md 3):
 //   1. contributions arrive; each valid one is added to p's accumulator with
 //      weight w = WeightRule(c_steps, c_tokens) (token weights by default);
+//      handle_batch() adds a batch's accepted contributions of p together
+//      (one add_batch call) before step 2, so they land in one merge;
 //   2. the wait policy decides (K distinct learners, then the grace window,
 //      bounded by a hard deadline) when to merge;
 //   3. merge: Delta = MergeRule.finish() (token-weighted RDA by default),
