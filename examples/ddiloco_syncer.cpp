@@ -104,6 +104,8 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, Rule rule, Op
   ZmqSyncerConfig zc;
   zc.bind = f.str("bind");
   zc.global_codec = parse_codec(f.str("global-codec"));
+  // Contributions reach the merge in their wire encoding (no fp32 copy), unless asked otherwise.
+  zc.keep_contributions_encoded = !f.flag("decode-contributions");
   if (f.flag("plaintext")) {
     zc.security = ZmqSecurity::plaintext();
     std::printf("syncer: WARNING: running without encryption or authentication (--plaintext)\n");
@@ -191,6 +193,10 @@ int main(int argc, char** argv) try {
   f.add("outer-lr", "0.7", "outer learning rate");
   f.add("outer-momentum", "0.9", "outer Nesterov momentum");
   f.add("global-codec", "fp32", "codec of fragments sent to learners: fp32, bf16, fp16, int8, int4");
+  f.add("decode-contributions", "false",
+        "decode contributions to fp32 on receipt instead of folding their encoded bytes straight into the "
+        "merge (slower; for comparison)",
+        true);
   f.add("checkpoint-dir", "", "directory for checkpoints (empty: no checkpoints)");
   f.add("checkpoint-every-ms", "30000", "checkpoint interval, milliseconds (also on SIGTERM/SIGINT)");
   f.add("keys", "", "syncer key file (from ddiloco_keygen)");

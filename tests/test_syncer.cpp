@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -973,4 +974,140 @@ TEST_CASE("At K = 1 contributions handled as one batch land in one merge; a join
   CHECK(s.fragment(p).second == 3);  // two merges of one: the join ended the first batch
   CHECK(s.status().quorum_sizes.at(1) == 2);
   CHECK(r.count(MessageType::full_state) == r.plan.num_fragments());
+}
+
+// ---- contributions still in their wire encoding (Message::encoded) ----------
+
+namespace {
+
+/// `m` with its payload replaced by the codec's bytes, as a transport with
+/// keep_contributions_encoded hands it over (the bytes owned by the message).
+Message encoded_copy(const Message& m, Codec codec) {
+  auto bytes = std::make_shared<const std::vector<std::byte>>(encode(codec, *m.payload));
+  Message e = m;
+  e.payload.reset();
+  e.encoded = EncodedPayload{codec, m.payload->size(), std::span<const std::byte>(*bytes), bytes};
+  return e;
+}
+
+/// `m` with its payload replaced by what decoding the codec's bytes gives.
+Message decoded_copy(const Message& m, Codec codec) {
+  std::vector<float> v(m.payload->size());
+  decode(codec, encode(codec, *m.payload), v);
+  Message d = m;
+  d.payload = make_payload(std::move(v));
+  return d;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("An encoded contribution is merged as its decoded values would be, one by one and in batches",
+                   "[syncer][encoded]", RadialDirectional, fast::RadialDirectional) {
+  // Two syncers see the same traffic: one gets each payload as the decoded fp32
+  // values of its encoding, the other the encoding itself. The fast rule folds
+  // the bytes directly (add_batch), the reference rule decodes them first. The
+  // bound: the decode is exact (same arithmetic both ways) and only the
+  // summation order of the norms differs: relative 1e-5 per merge (fast merge
+  // tests) through a Nesterov step (lr 0.7, 1 + mu = 1.9) over 6 merges, times
+  // the largest contribution norm, plus fp32 rounding of theta.
+  for (const Codec codec : {Codec::fp32, Codec::bf16, Codec::int8, Codec::int4}) {
+    CAPTURE(to_string(codec));
+    Rig r;
+    r.plan = make_plan({{"w", 300, false}, {"b", 37, false}, {"e", 129, true}}, 2);
+    r.init.assign(r.plan.total_numel(), 0.5f);
+    SyncerConfig c = k_of(2);
+    Syncer<TestType> plain(r.plan, r.init, r.clock, c);
+    Syncer<TestType> enc(r.plan, r.init, r.clock, c);
+    for (LearnerId id = 1; id <= 4; ++id) {
+      r.join(plain, id, 700 + id);
+      r.join(enc, id, 700 + id);
+    }
+    std::mt19937 rng(11);
+    Outbox out_plain, out_enc;
+    double max_norm = 0.0;
+    for (int round = 0; round < 3; ++round) {
+      std::vector<Message> batch_plain, batch_enc;
+      for (LearnerId id = 1; id <= 4; ++id) {
+        for (std::size_t p = 0; p < 2; ++p) {
+          Message m = r.contribution(id, p, 0.0f, Rig::seq0() + 1 + static_cast<std::uint64_t>(2 * round + p),
+                                     /*version=*/2 * static_cast<std::uint64_t>(round), 4, 100 + 10 * id);
+          auto v = random_payload(r.plan.fragments()[p].numel, rng, id % 2 ? 0.01f : -0.02f);
+          max_norm = std::max(max_norm, std::sqrt(std::inner_product(v.begin(), v.end(), v.begin(), 0.0)));
+          m.payload = make_payload(std::move(v));
+          if (id <= 2) {  // learners 1-2 one message at a time: K = 2 merges each fragment
+            plain.handle(decoded_copy(m, codec), out_plain);
+            enc.handle(encoded_copy(m, codec), out_enc);
+          } else {  // learners 3-4 as one batch
+            batch_plain.push_back(decoded_copy(m, codec));
+            batch_enc.push_back(encoded_copy(m, codec));
+          }
+        }
+      }
+      plain.handle_batch(batch_plain, out_plain);
+      enc.handle_batch(batch_enc, out_enc);
+    }
+    // bytes_in counts payloads as they arrived: the encoding is smaller than fp32.
+    auto sp = plain.status(), se = enc.status();
+    if (codec == Codec::fp32) {
+      CHECK(se.bytes_in == sp.bytes_in);
+    } else {
+      CHECK(se.bytes_in < sp.bytes_in);
+    }
+    sp.bytes_in = se.bytes_in = 0;
+    check_same_counters(sp, se);
+    CHECK(enc.status().contributions_accepted == 24);
+    CHECK(enc.status().merges == 12);
+    CHECK(enc.status().rejected_total() == 0);
+    const auto a = plain.global_parameters(), b = enc.global_parameters();
+    const double bound = 6 * 0.7 * 1.9 * 1e-5 * max_norm + 12.0 * std::ldexp(1.0, -23);
+    INFO("max |diff| " << max_abs_diff(a, b) << ", bound " << bound);
+    CHECK(max_abs_diff(a, b) <= bound);
+    CHECK(max_abs_diff(a, r.init) > 100 * bound);  // the merges moved theta
+  }
+}
+
+TEST_CASE("A corrupt encoded contribution is rejected by reason and never changes the global state",
+          "[syncer][encoded]") {
+  Rig r;
+  Syncer<> s(r.plan, r.init, r.clock, k_of(1));
+  r.join(s, 1);
+  const auto p = r.fragment_of_w();
+  const auto before = s.global_parameters();
+  auto reason = [&](RejectReason why) { return s.status().rejected[static_cast<std::size_t>(why)]; };
+  const Message good = r.contribution(1, p, 0.1f, Rig::seq0() + 1);
+
+  // The owner holds a mutable copy of the bytes so that each case can break them.
+  auto with_bytes = [&](Codec codec, auto edit) {
+    auto bytes = std::make_shared<std::vector<std::byte>>(encode(codec, *good.payload));
+    edit(*bytes);
+    Message e = good;
+    e.payload.reset();
+    e.encoded = EncodedPayload{codec, good.payload->size(), std::span<const std::byte>(*bytes), bytes};
+    return e;
+  };
+  s.handle(with_bytes(Codec::int4, [](auto& b) { b.pop_back(); }), r.out);  // a byte short
+  CHECK(reason(RejectReason::wrong_size) == 1);
+  Message neither = good;
+  neither.payload.reset();
+  s.handle(neither, r.out);  // no payload at all
+  CHECK(reason(RejectReason::wrong_size) == 2);
+  s.handle(with_bytes(Codec::int4, [](auto& b) { std::fill(b.begin(), b.begin() + 4, std::byte{0xFF}); }),
+           r.out);  // NaN scale
+  s.handle(with_bytes(Codec::int8, [](auto& b) { b[4] = std::byte{0x80}; }), r.out);  // code -128
+  CHECK(reason(RejectReason::bad_encoding) == 2);
+  s.handle(with_bytes(Codec::fp32, [](auto& b) {
+             const float inf = std::numeric_limits<float>::infinity();
+             std::memcpy(b.data() + 4, &inf, 4);
+           }),
+           r.out);
+  s.handle(with_bytes(Codec::bf16, [](auto& b) { b[1] = std::byte{0x7F}, b[0] = std::byte{0xC0}; }), r.out);  // NaN
+  CHECK(reason(RejectReason::non_finite) == 2);
+  CHECK(s.global_parameters() == before);
+  CHECK(s.status().merges == 0);
+  CHECK(s.status().rejected_total() == 6);
+  CHECK(to_string(RejectReason::bad_encoding) == "bad_encoding");
+
+  s.handle(with_bytes(Codec::int4, [](auto&) {}), r.out);  // the intact encoding is accepted and merged
+  CHECK(s.status().merges == 1);
+  CHECK(s.global_parameters() != before);
 }

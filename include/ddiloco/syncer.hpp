@@ -75,6 +75,7 @@ enum class RejectReason : std::uint8_t {
   stale,             ///< base version older than the staleness bound
   future_version,    ///< base version newer than the syncer's
   unexpected_type,   ///< a syncer-to-learner message sent to the syncer
+  bad_encoding,      ///< an encoded payload (Message::encoded) with invalid scales or codes
   count_
 };
 inline constexpr std::size_t kRejectReasons = static_cast<std::size_t>(RejectReason::count_);
@@ -82,7 +83,8 @@ inline constexpr std::size_t kRejectReasons = static_cast<std::size_t>(RejectRea
 constexpr std::string_view to_string(RejectReason r) noexcept {
   constexpr std::array<std::string_view, kRejectReasons> names{
       "foreign_plan", "unknown_learner", "bad_fragment", "wrong_size",     "non_finite",     "norm_outlier",
-      "bad_counters", "duplicate",       "stale",        "future_version", "unexpected_type"};
+      "bad_counters", "duplicate",       "stale",        "future_version", "unexpected_type",
+      "bad_encoding"};
   const auto i = static_cast<std::size_t>(r);
   return i < names.size() ? names[i] : "unknown";
 }
@@ -697,6 +699,7 @@ class Syncer {
     std::vector<float> theta;  ///< Theta_p, the global values
     std::vector<float> state;  ///< outer optimizer state
     std::vector<float> delta;  ///< scratch: the merged outer gradient (empty with the fused step)
+    std::vector<float> decoded;  ///< scratch: an encoded contribution decoded for a rule without add_batch
     std::uint64_t version = 0;
     Payload published;         ///< Theta_p as last broadcast (shared by all receivers)
     std::optional<typename Rule::Accumulator> acc;
@@ -857,13 +860,26 @@ class Syncer {
       return std::nullopt;
     };
     if (m.fragment >= fragments_.size()) return refuse(RejectReason::bad_fragment);
-    // A payload the transport left encoded (or none) is not accepted here.
-    if (!m.payload || m.payload_size() != fragments_[m.fragment].theta.size()) return refuse(RejectReason::wrong_size);
+    const std::size_t n = fragments_[m.fragment].theta.size();
+    if ((!m.payload && !m.encoded) || m.payload_size() != n) return refuse(RejectReason::wrong_size);
     if (m.steps < 1 || m.tokens < 0) return refuse(RejectReason::bad_counters);
     double sq = 0.0;  // one pass over the payload: finiteness and norm
-    for (float x : *m.payload) {
-      if (!std::isfinite(x)) return refuse(RejectReason::non_finite);
-      sq += static_cast<double>(x) * static_cast<double>(x);
+    if (m.payload) {
+      for (float x : *m.payload) {
+        if (!std::isfinite(x)) return refuse(RejectReason::non_finite);
+        sq += static_cast<double>(x) * static_cast<double>(x);
+      }
+    } else {
+      // Still in its wire encoding (a transport's keep_contributions_encoded):
+      // the bytes are checked and the norm taken in one scan of the codes,
+      // without decoding (fast/kernels.hpp); a non-finite value of an fp32/
+      // bf16/fp16 payload makes the sum non-finite.
+      const EncodedPayload& e = *m.encoded;
+      if (e.bytes.size() != encoded_size(e.codec, n)) return refuse(RejectReason::wrong_size);
+      bool valid = true;
+      sq = fast::checked_encoded_squared_norm(e.codec, e.bytes.data(), n, 0, n, valid);
+      if (!valid) return refuse(RejectReason::bad_encoding);
+      if (!std::isfinite(sq)) return refuse(RejectReason::non_finite);
     }
     Checked c;
     c.m = &m;
@@ -945,17 +961,34 @@ class Syncer {
 
   void accumulate(FragmentState& f, std::span<const Checked* const> items) {
     if constexpr (detail::BatchAccumulator<typename Rule::Accumulator>) {
-      if (items.size() > 1) {
+      if (items.size() > 1 || (items.size() == 1 && items[0]->m->encoded)) {
+        // Encoded payloads go in as their bytes: the accumulator decodes them
+        // chunk by chunk inside its merge loops (no fp32 copy).
         std::vector<fast::Contribution> batch(items.size());
         for (std::size_t i = 0; i < items.size(); ++i) {
-          batch[i].values = std::span<const float>(*items[i]->m->payload);
+          const Message& m = *items[i]->m;
+          if (m.payload) {
+            batch[i].values = std::span<const float>(*m.payload);
+          } else {
+            batch[i].codec = m.encoded->codec;
+            batch[i].bytes = m.encoded->bytes;
+          }
           batch[i].weight = items[i]->weight;
         }
         f.acc->add_batch(batch);
         return;
       }
     }
-    for (const Checked* c : items) f.acc->add(std::span<const float>(*c->m->payload), c->weight);
+    for (const Checked* c : items) {
+      const Message& m = *c->m;
+      if (m.payload) {
+        f.acc->add(std::span<const float>(*m.payload), c->weight);
+      } else {  // a rule without add_batch: decode to fp32 first (checked in precheck)
+        f.decoded.resize(m.encoded->elements);
+        decode(m.encoded->codec, m.encoded->bytes, f.decoded);
+        f.acc->add(std::span<const float>(f.decoded), c->weight);
+      }
+    }
   }
 
   /// Asks the wait policy about fragment p's round; merges if told to.
