@@ -4,8 +4,8 @@
 # processes (preset smoke: width 32, 1 block, P = 2, H = 10), on loopback, plaintext (the
 # learner's --connect mode has no CURVE flags). Passes when both learners finish their step
 # budget and exit cleanly, the validation loss of each learner's final parameters is below
-# TARGET_RATIO of the loss of the global initial parameters it received at join (measured
-# 4.61 -> 3.0-3.1 at 150 steps each), and the syncer's status file shows both learners joined and
+# TARGET_RATIO of the loss of the initial parameters (measured 4.58 -> 2.7-2.9 at 150 steps
+# each), and the syncer's status file shows both learners joined and
 # more contributions accepted than either learner sent alone (so both contributed to merges).
 # Waits poll a log line or the status file against a deadline (lib.sh); the cleanup trap kills
 # every process on exit. Usage: torch_gpt_multiprocess.sh SYNCER TORCH_GPT KEYGEN
@@ -48,15 +48,21 @@ for i in 0 1; do
   [ "$rc" -eq 0 ] || fail "learner $i exited with status $rc"
 done
 
-# The loss went down: final validation loss against the one at join (the global initial state).
+# The loss went down. Each learner prints the validation loss of the global state it received at
+# join; the first one to join received the initial parameters (a merge needs a contribution), so
+# the highest of the two is the initial loss. (A learner whose libtorch loads slowly may join after
+# the other has trained for a while: it then starts from the merged state, which is fine.)
+join_loss() { grep -o "learner $1 joined .*validation loss [0-9.]*" "$WORK/l$1.log" | awk '{print $NF}'; }
+initial=$(printf '%s\n%s\n' "$(join_loss 0)" "$(join_loss 1)" | sort -g | tail -n 1)
+[ -n "$initial" ] || fail "no learner printed its validation loss at join"
+note "validation loss of the initial parameters: $initial (at join: $(join_loss 0), $(join_loss 1))"
 max_sends=0
 for i in 0 1; do
-  initial=$(grep -o "learner $i joined .*validation loss [0-9.]*" "$WORK/l$i.log" | awk '{print $NF}')
   final=$(grep -o "learner $i: done.*validation loss [0-9.]*" "$WORK/l$i.log" | awk '{print $NF}')
   sends=$(grep -o "learner $i: done.* sends [0-9]*" "$WORK/l$i.log" | awk '{print $NF}')
   applies=$(grep -o "learner $i: done.* applies [0-9]*" "$WORK/l$i.log" | awk '{print $NF}')
-  note "learner $i: validation loss $initial -> $final, sends $sends, applies $applies"
-  [ -n "$initial" ] && [ -n "$final" ] || fail "learner $i printed no validation loss"
+  note "learner $i: final validation loss $final, sends $sends, applies $applies"
+  [ -n "$final" ] || fail "learner $i printed no final validation loss"
   less_than "$final" "$(awk -v a="$initial" -v r="$TARGET_RATIO" 'BEGIN {print a * r}')" ||
     fail "learner $i: validation loss $initial -> $final did not fall below $TARGET_RATIO of the initial"
   [ "${sends:-0}" -gt 0 ] || fail "learner $i sent no fragment"
