@@ -38,22 +38,39 @@ CHECKPOINTS="$WORK/checkpoints"
 start_syncer first "${SECURITY[@]}" --checkpoint-dir "$CHECKPOINTS" --checkpoint-every-ms 300
 first_pid=$SYNCER_PID
 # shellcheck disable=SC2046
-for i in 0 1 2 3; do start_learner "l$i" "$i" 4 "$STEPS" $(auth "$i"); done
+declare -a learner_pids
+for i in 0 1 2 3; do
+  start_learner "l$i" "$i" 4 "$STEPS" $(auth "$i")
+  learner_pids[i]=$LEARNER_PID
+done
 for i in 0 1 2 3; do wait_until 60 "learner $i to train 200 steps" log_has "l$i" "learner $i: step 200 "; done
 wait_until 30 "a checkpoint" log_has first "syncer: checkpoint"
 kill -9 "$first_pid"
 wait "$first_pid" 2>/dev/null || true
 note "killed the syncer at $(grep -c 'syncer: checkpoint' "$WORK/first.log") checkpoints"
 
-# The learners keep training while no syncer runs.
-declare -a before
+# The learners keep training while no syncer runs. Each is frozen (SIGSTOP) as
+# soon as it has trained 2 more progress lines, and stays frozen while the
+# syncer restarts, so that every one still has steps left to re-synchronise:
+# on a loaded machine the learners' speeds differ up to 3x, and the fastest
+# (~700 steps/s) once finished while the slowest was still being waited for,
+# or ran its last steps during the restart, before its reconnection.
+declare -a before frozen
 for i in 0 1 2 3; do before[i]=$(count_lines "l$i" "learner $i: step "); done
-for i in 0 1 2 3; do
-  wait_until 60 "learner $i to keep training without the syncer" lines_at_least "l$i" "learner $i: step " \
-    "$((before[i] + 2))"
-done
+freeze_trained() {
+  local i all=0
+  for i in 0 1 2 3; do
+    if [ -z "${frozen[i]:-}" ] && lines_at_least "l$i" "learner $i: step " "$((before[i] + 2))"; then
+      kill -STOP "${learner_pids[i]}"
+      frozen[i]=1
+    fi
+    [ -n "${frozen[i]:-}" ] && all=$((all + 1))
+  done
+  [ "$all" = 4 ]
+}
+wait_until 60 "every learner to train 2 progress lines without the syncer" freeze_trained
 for i in 0 1 2 3; do log_has "l$i" "learner $i: done" && fail "learner $i finished while the syncer was down; raise STEPS"; done
-note "learners trained 2 more progress lines each without a syncer"
+note "learners trained 2 more progress lines each without a syncer (then frozen for the restart)"
 
 start_syncer second "${SECURITY[@]}" --checkpoint-dir "$CHECKPOINTS" --checkpoint-every-ms 300 --bind "$ENDPOINT"
 log_has second "syncer: resumed from" || fail "the restarted syncer did not resume from a checkpoint"
@@ -61,6 +78,7 @@ restored=$(status accepted second)
 last_applies() { grep -o ' applies [0-9]*' "$WORK/$1.log" | tail -n 1 | awk '{print $2}'; }
 declare -a applies
 for i in 0 1 2 3; do applies[i]=$(last_applies "l$i"); done
+for i in 0 1 2 3; do kill -CONT "${learner_pids[i]}"; done
 note "syncer restarted: $(grep 'resumed from' "$WORK/second.log"), accepted $restored"
 wait_until 60 "the restarted syncer to accept contributions again" status_at_least accepted second "$((restored + 20))"
 for i in 0 1 2 3; do wait_until 120 "learner $i to finish" log_has "l$i" "learner $i: done"; done
