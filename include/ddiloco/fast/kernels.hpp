@@ -35,6 +35,10 @@
 
 #include <ddiloco/codec.hpp>
 
+#if defined(__SSE2__) || ((defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__))
+#include <immintrin.h>
+#endif
+
 namespace ddiloco::fast {
 
 /// Independent accumulators per reduction (one 512-bit or four 128-bit vectors).
@@ -181,6 +185,228 @@ inline void scale(float c, const float* __restrict__ x, float* __restrict__ out,
   for (std::size_t i = 0; i < n; ++i) out[i] = c * x[i];
 }
 
+
+// ---- whole quantisation blocks -------------------------------------------------
+// The int8/int4 inner loops over one whole block of kQuantBlock codes: decode
+// (o_j = q_j * s) and the integer sum_j q_j^2, each also returning nonzero when
+// a code is the invalid -Q-1 (-128 / -8). Written with SSE2 intrinsics (part of
+// baseline x86-64; scalar elsewhere) and AVX2 ones (the clones below): the
+// interleaved nibbles and the byte-to-float widening defeat the auto-vectoriser.
+// Same fp32 operations as the scalar reference loops (exact int -> float, one
+// multiply), so all builds agree bit for bit. int4 layout: byte j holds codes
+// 2j (low nibble) and 2j + 1 (high nibble), q = (nibble ^ 8) - 8.
+static_assert(kQuantBlock == 64, "the block kernels below decode 64 codes per block");
+
+/// Decodes one whole int4 block (32 bytes at c) into o[0..64).
+inline unsigned int4_block_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept {
+#if defined(__SSE2__)
+  const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  const __m128 vs = _mm_set1_ps(s);
+  __m128i badv = _mm_setzero_si128();
+  for (int h = 0; h < 2; ++h) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * h));
+    const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    badv = _mm_or_si128(badv, _mm_or_si128(_mm_cmpeq_epi8(lo, eight), _mm_cmpeq_epi8(hi, eight)));
+    const __m128i e[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)};  // codes in element order
+    for (int k = 0; k < 2; ++k) {
+      const __m128i q = _mm_sub_epi8(_mm_xor_si128(e[k], eight), eight);
+      // Sign-extend bytes -> 16 bit -> 32 bit: duplicate, then shift right arithmetically.
+      const __m128i w0 = _mm_srai_epi16(_mm_unpacklo_epi8(q, q), 8), w1 = _mm_srai_epi16(_mm_unpackhi_epi8(q, q), 8);
+      float* ok = o + 32 * h + 16 * k;
+      _mm_storeu_ps(ok, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w0, w0), 16)), vs));
+      _mm_storeu_ps(ok + 4, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w0, w0), 16)), vs));
+      _mm_storeu_ps(ok + 8, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w1, w1), 16)), vs));
+      _mm_storeu_ps(ok + 12, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w1, w1), 16)), vs));
+    }
+  }
+  return static_cast<unsigned>(_mm_movemask_epi8(badv));
+#else
+  unsigned bad = 0;
+  for (std::size_t j = 0; j < kQuantBlock / 2; ++j) {
+    const unsigned lo4 = c[j] & 0xFU, hi4 = static_cast<unsigned>(c[j]) >> 4;
+    bad |= (lo4 == 8U ? 1U : 0U) | (hi4 == 8U ? 1U : 0U);
+    o[2 * j] = static_cast<float>(static_cast<int>(lo4 ^ 8U) - 8) * s;
+    o[2 * j + 1] = static_cast<float>(static_cast<int>(hi4 ^ 8U) - 8) * s;
+  }
+  return bad;
+#endif
+}
+
+/// Decodes one whole int8 block (64 bytes at c) into o[0..64).
+inline unsigned int8_block_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept {
+#if defined(__SSE2__)
+  const __m128i minus128 = _mm_set1_epi8(static_cast<char>(-128));
+  const __m128 vs = _mm_set1_ps(s);
+  __m128i badv = _mm_setzero_si128();
+  for (int k = 0; k < 4; ++k) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * k));
+    badv = _mm_or_si128(badv, _mm_cmpeq_epi8(q, minus128));
+    const __m128i w0 = _mm_srai_epi16(_mm_unpacklo_epi8(q, q), 8), w1 = _mm_srai_epi16(_mm_unpackhi_epi8(q, q), 8);
+    float* ok = o + 16 * k;
+    _mm_storeu_ps(ok, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w0, w0), 16)), vs));
+    _mm_storeu_ps(ok + 4, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w0, w0), 16)), vs));
+    _mm_storeu_ps(ok + 8, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w1, w1), 16)), vs));
+    _mm_storeu_ps(ok + 12, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w1, w1), 16)), vs));
+  }
+  return static_cast<unsigned>(_mm_movemask_epi8(badv));
+#else
+  unsigned bad = 0;
+  for (std::size_t j = 0; j < kQuantBlock; ++j) {
+    bad |= c[j] == 0x80U ? 1U : 0U;
+    o[j] = static_cast<float>(static_cast<signed char>(c[j])) * s;
+  }
+  return bad;
+#endif
+}
+
+/// sum_j q_j^2 of one whole int4 block; sets bad nonzero on a -8 code.
+inline std::uint32_t int4_block_sq(const unsigned char* c, unsigned& bad) noexcept {
+#if defined(__SSE2__)
+  const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  __m128i badv = _mm_setzero_si128(), acc = _mm_setzero_si128();
+  for (int h = 0; h < 2; ++h) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * h));
+    const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    badv = _mm_or_si128(badv, _mm_or_si128(_mm_cmpeq_epi8(lo, eight), _mm_cmpeq_epi8(hi, eight)));
+    // q as 16-bit lanes: ((nibble ^ 8) - 8) in each half of a 16-bit word pair.
+    const __m128i ql = _mm_sub_epi8(_mm_xor_si128(lo, eight), eight), qh = _mm_sub_epi8(_mm_xor_si128(hi, eight), eight);
+    const __m128i a0 = _mm_srai_epi16(_mm_unpacklo_epi8(ql, ql), 8), a1 = _mm_srai_epi16(_mm_unpackhi_epi8(ql, ql), 8);
+    const __m128i b0 = _mm_srai_epi16(_mm_unpacklo_epi8(qh, qh), 8), b1 = _mm_srai_epi16(_mm_unpackhi_epi8(qh, qh), 8);
+    acc = _mm_add_epi32(acc, _mm_add_epi32(_mm_add_epi32(_mm_madd_epi16(a0, a0), _mm_madd_epi16(a1, a1)),
+                                           _mm_add_epi32(_mm_madd_epi16(b0, b0), _mm_madd_epi16(b1, b1))));
+  }
+  acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4E));
+  acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xB1));
+  bad |= static_cast<unsigned>(_mm_movemask_epi8(badv));
+  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(acc));
+#else
+  std::uint32_t q2 = 0;
+  for (std::size_t j = 0; j < kQuantBlock / 2; ++j) {
+    const unsigned lo4 = c[j] & 0xFU, hi4 = static_cast<unsigned>(c[j]) >> 4;
+    const int q0 = static_cast<int>(lo4 ^ 8U) - 8, q1 = static_cast<int>(hi4 ^ 8U) - 8;
+    q2 += static_cast<std::uint32_t>(q0 * q0 + q1 * q1);
+    bad |= (lo4 == 8U ? 1U : 0U) | (hi4 == 8U ? 1U : 0U);
+  }
+  return q2;
+#endif
+}
+
+/// sum_j q_j^2 of one whole int8 block; sets bad nonzero on a -128 code.
+inline std::uint32_t int8_block_sq(const unsigned char* c, unsigned& bad) noexcept {
+#if defined(__SSE2__)
+  const __m128i minus128 = _mm_set1_epi8(static_cast<char>(-128));
+  __m128i badv = _mm_setzero_si128(), acc = _mm_setzero_si128();
+  for (int k = 0; k < 4; ++k) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * k));
+    badv = _mm_or_si128(badv, _mm_cmpeq_epi8(q, minus128));
+    const __m128i w0 = _mm_srai_epi16(_mm_unpacklo_epi8(q, q), 8), w1 = _mm_srai_epi16(_mm_unpackhi_epi8(q, q), 8);
+    acc = _mm_add_epi32(acc, _mm_add_epi32(_mm_madd_epi16(w0, w0), _mm_madd_epi16(w1, w1)));
+  }
+  acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4E));
+  acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xB1));
+  bad |= static_cast<unsigned>(_mm_movemask_epi8(badv));
+  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(acc));
+#else
+  std::uint32_t q2 = 0;
+  for (std::size_t j = 0; j < kQuantBlock; ++j) {
+    const int q = static_cast<signed char>(c[j]);
+    q2 += static_cast<std::uint32_t>(q * q);
+    bad |= c[j] == 0x80U ? 1U : 0U;
+  }
+  return q2;
+#endif
+}
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#define DDILOCO_FAST_HAVE_AVX2_BLOCKS 1
+// AVX2 versions of the four block kernels (the 256-bit byte-to-int32 widening,
+// and a pshufb table of squared int4 codes summed with psadbw).
+__attribute__((target("avx2"))) inline unsigned int4_block_decode_avx2(const unsigned char* c, float s,
+                                                                       float* __restrict__ o) noexcept {
+  const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  const __m256 vs = _mm256_set1_ps(s);
+  __m128i badv = _mm_setzero_si128();
+  for (int h = 0; h < 2; ++h) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * h));
+    const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    badv = _mm_or_si128(badv, _mm_or_si128(_mm_cmpeq_epi8(lo, eight), _mm_cmpeq_epi8(hi, eight)));
+    const __m128i e[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)};
+    for (int k = 0; k < 2; ++k) {
+      const __m128i q = _mm_sub_epi8(_mm_xor_si128(e[k], eight), eight);
+      float* ok = o + 32 * h + 16 * k;
+      _mm256_storeu_ps(ok, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), vs));
+      _mm256_storeu_ps(ok + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), vs));
+    }
+  }
+  return static_cast<unsigned>(_mm_movemask_epi8(badv));
+}
+
+__attribute__((target("avx2"))) inline unsigned int8_block_decode_avx2(const unsigned char* c, float s,
+                                                                       float* __restrict__ o) noexcept {
+  const __m256i minus128 = _mm256_set1_epi8(static_cast<char>(-128));
+  const __m256 vs = _mm256_set1_ps(s);
+  const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
+  const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));
+  const __m256i badv = _mm256_or_si256(_mm256_cmpeq_epi8(q0, minus128), _mm256_cmpeq_epi8(q1, minus128));
+  for (int k = 0; k < 8; ++k) {
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + 8 * k));
+    _mm256_storeu_ps(o + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), vs));
+  }
+  return static_cast<unsigned>(_mm256_movemask_epi8(badv));
+}
+
+__attribute__((target("avx2"))) inline std::uint32_t int4_block_sq_avx2(const unsigned char* c, unsigned& bad) noexcept {
+  const __m256i mask = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+  // q^2 of each nibble value: nibble v holds q = (v ^ 8) - 8.
+  const __m256i squares = _mm256_setr_epi8(0, 1, 4, 9, 16, 25, 36, 49, 64, 49, 36, 25, 16, 9, 4, 1,  //
+                                           0, 1, 4, 9, 16, 25, 36, 49, 64, 49, 36, 25, 16, 9, 4, 1);
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
+  const __m256i lo = _mm256_and_si256(b, mask), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+  const __m256i badv = _mm256_or_si256(_mm256_cmpeq_epi8(lo, eight), _mm256_cmpeq_epi8(hi, eight));
+  // Per byte at most 64 + 64 = 128: fits the unsigned bytes psadbw sums.
+  const __m256i sq = _mm256_add_epi8(_mm256_shuffle_epi8(squares, lo), _mm256_shuffle_epi8(squares, hi));
+  const __m256i sums = _mm256_sad_epu8(sq, _mm256_setzero_si256());  // four 64-bit partial sums
+  const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+  bad |= static_cast<unsigned>(_mm256_movemask_epi8(badv));
+  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2))));
+}
+
+__attribute__((target("avx2"))) inline std::uint32_t int8_block_sq_avx2(const unsigned char* c, unsigned& bad) noexcept {
+  const __m256i minus128 = _mm256_set1_epi8(static_cast<char>(-128));
+  __m256i acc = _mm256_setzero_si256(), badv = _mm256_setzero_si256();
+  for (int k = 0; k < 2; ++k) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32 * k));
+    badv = _mm256_or_si256(badv, _mm256_cmpeq_epi8(q, minus128));
+    const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+    const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
+    acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(w0, w0), _mm256_madd_epi16(w1, w1)));
+  }
+  __m128i a = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4E));
+  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0xB1));
+  bad |= static_cast<unsigned>(_mm256_movemask_epi8(badv));
+  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(a));
+}
+#endif
+
+/// The block kernels of one build: Avx2 = false the baseline ones.
+template <bool Avx2>
+struct BlockKernels {
+  static unsigned int4_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept { return int4_block_decode(c, s, o); }
+  static unsigned int8_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept { return int8_block_decode(c, s, o); }
+  static std::uint32_t int4_sq(const unsigned char* c, unsigned& bad) noexcept { return int4_block_sq(c, bad); }
+  static std::uint32_t int8_sq(const unsigned char* c, unsigned& bad) noexcept { return int8_block_sq(c, bad); }
+};
+#ifdef DDILOCO_FAST_HAVE_AVX2_BLOCKS
+template <>
+struct BlockKernels<true> {
+  __attribute__((target("avx2"))) static unsigned int4_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept { return int4_block_decode_avx2(c, s, o); }
+  __attribute__((target("avx2"))) static unsigned int8_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept { return int8_block_decode_avx2(c, s, o); }
+  __attribute__((target("avx2"))) static std::uint32_t int4_sq(const unsigned char* c, unsigned& bad) noexcept { return int4_block_sq_avx2(c, bad); }
+  __attribute__((target("avx2"))) static std::uint32_t int8_sq(const unsigned char* c, unsigned& bad) noexcept { return int8_block_sq_avx2(c, bad); }
+};
+#endif
+
 // ---- chunked decoding --------------------------------------------------------
 
 /// Decodes elements [lo, lo + len) of an n-element payload `in` (encoded with
@@ -190,7 +416,8 @@ inline void scale(float c, const float* __restrict__ x, float* __restrict__ out,
 /// blocks are not a valid encoding (same checks as ddiloco::decode: scale finite
 /// and >= 0, no -Q-1 code, zero int4 padding nibble); out is then unspecified.
 /// Reference: ddiloco::detail::try_decode on the whole payload.
-[[gnu::always_inline]] inline bool decode_range_base(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
+template <bool Avx2>
+[[gnu::always_inline]] inline bool decode_range_impl(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
                          std::size_t len, float* __restrict__ out) noexcept {
   const auto* u8 = reinterpret_cast<const unsigned char*>(in);
   switch (codec) {
@@ -227,12 +454,7 @@ inline void scale(float c, const float* __restrict__ x, float* __restrict__ out,
     if (codec == Codec::int8) {
       const unsigned char* c = codes + lo + e;
       if (blen == kQuantBlock) {
-        unsigned bad = 0;
-        for (std::size_t j = 0; j < kQuantBlock; ++j) {
-          bad |= c[j] == 0x80U ? 1U : 0U;
-          o[j] = static_cast<float>(static_cast<signed char>(c[j])) * s;
-        }
-        ok &= bad == 0;
+        ok &= BlockKernels<Avx2>::int8_decode(c, s, o) == 0;
       } else {
         for (std::size_t j = 0; j < blen; ++j) {
           ok &= c[j] != 0x80U;
@@ -242,16 +464,9 @@ inline void scale(float c, const float* __restrict__ x, float* __restrict__ out,
     } else {
       const unsigned char* c = codes + (lo + e) / 2;
       if (blen == kQuantBlock) {
-        unsigned bad = 0;
-        for (std::size_t j = 0; j < kQuantBlock / 2; ++j) {
-          const unsigned lo4 = c[j] & 0xFU, hi4 = static_cast<unsigned>(c[j]) >> 4;
-          bad |= (lo4 == 8U ? 1U : 0U) | (hi4 == 8U ? 1U : 0U);
-          // Sign-extend each nibble: (v ^ 8) - 8 maps 0..7 -> 0..7, 8..15 -> -8..-1.
-          o[2 * j] = static_cast<float>(static_cast<int>(lo4 ^ 8U) - 8) * s;
-          o[2 * j + 1] = static_cast<float>(static_cast<int>(hi4 ^ 8U) - 8) * s;
-        }
-        ok &= bad == 0;
+        ok &= BlockKernels<Avx2>::int4_decode(c, s, o) == 0;
       } else {
+        // Sign-extend each nibble: (v ^ 8) - 8 maps 0..7 -> 0..7, 8..15 -> -8..-1.
         for (std::size_t j = 0; j < blen; j += 2) {
           const unsigned lo4 = c[j / 2] & 0xFU, hi4 = static_cast<unsigned>(c[j / 2]) >> 4;
           ok &= lo4 != 8U;
@@ -267,6 +482,10 @@ inline void scale(float c, const float* __restrict__ x, float* __restrict__ out,
     }
   }
   return ok;
+}
+[[gnu::always_inline]] inline bool decode_range_base(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
+                                                     std::size_t len, float* __restrict__ out) noexcept {
+  return decode_range_impl<false>(codec, in, n, lo, len, out);
 }
 
 // ---- run-time dispatch -------------------------------------------------------
@@ -284,7 +503,7 @@ DDILOCO_FAST_AVX2 inline double scale_copy_sq_avx2(float s, const float* __restr
 DDILOCO_FAST_AVX2 inline void scaled_nesterov_avx2(float c, float share, const float* __restrict__ mean, float mu, float eta,
                             float* __restrict__ theta, float* __restrict__ b, std::size_t n) noexcept { return scaled_nesterov_base(c, share, mean, mu, eta, theta, b, n); }
 DDILOCO_FAST_AVX2 inline bool decode_range_avx2(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
-                         std::size_t len, float* __restrict__ out) noexcept { return decode_range_base(codec, in, n, lo, len, out); }
+                         std::size_t len, float* __restrict__ out) noexcept { return decode_range_impl<true>(codec, in, n, lo, len, out); }
 DDILOCO_FAST_AVX2 inline void scale_into_avx2(float a, const float* __restrict__ x, float* __restrict__ out,
                                                 std::size_t n) noexcept { scale_into_base(a, x, out, n); }
 DDILOCO_FAST_AVX2 inline void axpy_avx2(float a, const float* __restrict__ x, float* __restrict__ acc,
@@ -391,7 +610,7 @@ inline bool decode_range(Codec codec, const std::byte* in, std::size_t n, std::s
 namespace detail {
 /// encoded_squared_norm, and with Check also the validity of every block it
 /// reads (the checks of valid_encoding), or-ed into `bad`.
-template <bool Check>
+template <bool Check, bool Avx2 = false>
 [[gnu::always_inline]] inline double encoded_squared_norm_impl(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
                                         std::size_t len, unsigned& bad) noexcept {
   alignas(64) float buf[kQuantBlock];
@@ -420,25 +639,10 @@ template <bool Check>
     const float sf = std::bit_cast<float>(ddiloco::detail::load_u32(in + 4 * b));
     if constexpr (Check) bad |= sf >= 0.0f && sf <= std::numeric_limits<float>::max() ? 0U : 1U;
     const auto s = static_cast<double>(sf);
-    std::uint32_t q2 = 0;
     unsigned bad_codes = 0;
-    if (codec == Codec::int8) {
-      const unsigned char* c = codes + blo;
-      for (std::size_t j = 0; j < kQuantBlock; ++j) {
-        const int q = static_cast<signed char>(c[j]);
-        q2 += static_cast<std::uint32_t>(q * q);
-        if constexpr (Check) bad_codes |= c[j] == 0x80U ? 1U : 0U;
-      }
-    } else {
-      const unsigned char* c = codes + blo / 2;
-      for (std::size_t j = 0; j < kQuantBlock / 2; ++j) {
-        const unsigned lo4 = c[j] & 0xFU, hi4 = static_cast<unsigned>(c[j]) >> 4;
-        const int q0 = static_cast<int>(lo4 ^ 8U) - 8;
-        const int q1 = static_cast<int>(hi4 ^ 8U) - 8;
-        q2 += static_cast<std::uint32_t>(q0 * q0 + q1 * q1);
-        if constexpr (Check) bad_codes |= (lo4 == 8U ? 1U : 0U) | (hi4 == 8U ? 1U : 0U);
-      }
-    }
+    const std::uint32_t q2 = codec == Codec::int8 ? BlockKernels<Avx2>::int8_sq(codes + blo, bad_codes)
+                                                  : BlockKernels<Avx2>::int4_sq(codes + blo / 2, bad_codes);
+    if constexpr (!Check) bad_codes = 0;
     bad |= bad_codes;
     total += s * s * static_cast<double>(q2);
   }
@@ -451,13 +655,13 @@ __attribute__((target("avx2"))) inline double encoded_squared_norm_avx2(Codec co
                                                                         std::size_t n, std::size_t lo,
                                                                         std::size_t len) noexcept {
   unsigned unused = 0;
-  return encoded_squared_norm_impl<false>(codec, in, n, lo, len, unused);
+  return encoded_squared_norm_impl<false, true>(codec, in, n, lo, len, unused);
 }
 __attribute__((target("avx2"))) inline double checked_encoded_squared_norm_avx2(Codec codec, const std::byte* in,
                                                                                 std::size_t n, std::size_t lo,
                                                                                 std::size_t len,
                                                                                 unsigned& bad) noexcept {
-  return encoded_squared_norm_impl<true>(codec, in, n, lo, len, bad);
+  return encoded_squared_norm_impl<true, true>(codec, in, n, lo, len, bad);
 }
 #endif
 }  // namespace detail

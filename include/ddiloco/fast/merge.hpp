@@ -21,7 +21,8 @@
 //           per block, no float decode);
 //   pass 2  mean += f (s_t v - mean), summing ||mean_t||^2 of the new mean on
 //           the way, so finish() needs no norm pass of its own.
-// An int8/int4 payload is first checked by a byte scan (valid_encoding: no
+// An int8/int4 payload's pass 1 runs first over the whole fragment, in one
+// scan of the codes that also validates them (checked_encoded_squared_norm: no
 // float conversion, 0.56 bytes per element for int4), so a corrupt payload
 // throws before the mean is touched. Tensors are processed in groups of whole tensors of about kGroup elements:
 // both passes over one group before the next, so when a group fits in the cache
@@ -140,7 +141,8 @@ struct RadialDirectional {
           scale_(layout_.size(), 0.0f),
           partial_(parts_ * layout_.size(), 0.0),
           buffers_(parts_ * kChunk, 0.0f),
-          batch_acc_(parts_ * kBatchChunk, 0.0f) {
+          batch_acc_(parts_ * kBatchChunk, 0.0f),
+          coded_sq_(layout_.size(), 0.0) {
       // Groups of whole tensors, each closed once it reaches kGroup elements.
       std::size_t start = 0, first = 0, count = 0;
       for (std::size_t t = 0; t < layout_.size(); ++t) {
@@ -178,13 +180,17 @@ struct RadialDirectional {
                                                    " must be finite and >= 0 (use 0 for an absent learner)"));
       }
       if (weight == 0.0) return;
-      if (!fast::valid_encoding(codec, bytes.data(), size_)) {
+      // int8/int4: one scan of the codes validates the payload and gives every
+      // tensor's ||v_t||^2 (pass 1 done up front, before the mean is touched).
+      const bool coded = codec == Codec::int8 || codec == Codec::int4;
+      if (coded) std::fill(coded_sq_.begin(), coded_sq_.end(), 0.0);
+      if (coded ? !coded_norms(codec, bytes.data(), coded_sq_.data()) : !fast::valid_encoding(codec, bytes.data(), size_)) {
         throw ProtocolError(ddiloco::detail::msg(name, "::add_encoded(", to_string(codec), "): ", size_,
                                                  " elements hold a negative/non-finite scale, a code outside "
                                                  "[-Q, Q] or a nonzero padding nibble; the payload is corrupt, "
                                                  "drop it (the accumulator is unchanged)"));
       }
-      add_impl(EncodedSource{codec, bytes.data()}, weight);
+      add_impl(EncodedSource{codec, bytes.data()}, weight, coded ? coded_sq_.data() : nullptr);
     }
 
     /// Adds every contribution of `batch` in one pass over the mean per group
@@ -230,34 +236,15 @@ struct RadialDirectional {
         if (!items[b].values && (items[b].codec == Codec::int8 || items[b].codec == Codec::int4)) coded.push_back(b);
       }
       std::vector<double> coded_sq(coded.size() * nt, 0.0);
-      if (!coded.empty()) {
-        const std::size_t nc = coded.size();
-        std::vector<double> part_sq(parts_ * nc * nt, 0.0);
-        std::vector<char> part_ok(parts_ * nc, 1);
-        for_each_part([&](std::size_t part, std::size_t lo, std::size_t hi) {
-          for (std::size_t i = 0; i < nc; ++i) {
-            const Item& it = items[coded[i]];
-            double* sq = part_sq.data() + (part * nc + i) * nt;
-            bool ok = true;
-            for_each_piece(lo, hi, [&](std::size_t t, std::size_t a, std::size_t len) {
-              sq[t] += fast::checked_encoded_squared_norm(it.codec, it.bytes, size_, a, len, ok);
-            });
-            part_ok[part * nc + i] = ok ? 1 : 0;
-          }
-        });
-        for (std::size_t i = 0; i < nc; ++i) {
-          for (std::size_t p = 0; p < parts_; ++p) {
-            if (part_ok[p * nc + i] == 0) {
-              const Item& it = items[coded[i]];
-              throw ProtocolError(ddiloco::detail::msg(
-                  name, "::add_batch: element ", it.index, " (", to_string(it.codec), "): ", size_,
-                  " elements hold a negative/non-finite scale, a code outside [-Q, Q] or a nonzero padding "
-                  "nibble; the payload is corrupt, drop it (the accumulator is unchanged)"));
-            }
-            for (std::size_t t = 0; t < nt; ++t) coded_sq[i * nt + t] += part_sq[(p * nc + i) * nt + t];
-          }
-          items[coded[i]].sq = coded_sq.data() + i * nt;
+      for (std::size_t i = 0; i < coded.size(); ++i) {
+        Item& it = items[coded[i]];
+        if (!coded_norms(it.codec, it.bytes, coded_sq.data() + i * nt)) {
+          throw ProtocolError(ddiloco::detail::msg(
+              name, "::add_batch: element ", it.index, " (", to_string(it.codec), "): ", size_,
+              " elements hold a negative/non-finite scale, a code outside [-Q, Q] or a nonzero padding "
+              "nibble; the payload is corrupt, drop it (the accumulator is unchanged)"));
         }
+        it.sq = coded_sq.data() + i * nt;
       }
       const std::size_t sub = std::min(items.size(), kMaxBatch);
       std::vector<float> alpha(sub * nt);            // per item and tensor: w_b s_b / W'
@@ -309,7 +296,8 @@ struct RadialDirectional {
     /// Bytes held (buffers only); constant after construction, independent of M.
     [[nodiscard]] std::size_t memory_bytes() const noexcept {
       return mean_.capacity() * sizeof(float) +
-             (weighted_norm_sum_.capacity() + mean_sq_.capacity() + partial_.capacity()) * sizeof(double) +
+             (weighted_norm_sum_.capacity() + mean_sq_.capacity() + partial_.capacity() + coded_sq_.capacity()) *
+                 sizeof(double) +
              (scale_.capacity() + buffers_.capacity() + batch_acc_.capacity()) * sizeof(float) +
              bookkeeping_bytes();
     }
@@ -376,6 +364,11 @@ struct RadialDirectional {
         const std::size_t end = std::min(size_, (hi + kQuantBlock - 1) / kQuantBlock * kQuantBlock);
         for (std::size_t c = lo / kQuantBlock * kQuantBlock; c < hi; c += kChunk) {
           const std::size_t len = std::min(kChunk, end - c);
+#if defined(__GNUC__) || defined(__clang__)
+          // Start loading the chunk's mean while the codes decode (compute
+          // only): the update below then finds it in cache or on its way.
+          for (std::size_t i = c; i < c + len; i += 64 / sizeof(float)) __builtin_prefetch(mean_.data() + i, 1, 3);
+#endif
           decode_range(src.codec, src.bytes, size_, c, len, buf);  // validated by add_encoded
           for_each_piece(std::max(c, lo), std::min(c + len, hi), [&](std::size_t t, std::size_t a, std::size_t l) {
             f(t, a, l, buf + (a - c));
@@ -384,15 +377,40 @@ struct RadialDirectional {
       }
     }
 
+    /// One scan of an int8/int4 payload's codes: sq[t] = ||v_t||^2 of every
+    /// tensor (split across the workers) and whether every block is valid (the
+    /// checks of valid_encoding). sq has layout_.size() zeroed entries.
+    bool coded_norms(Codec codec, const std::byte* bytes, double* sq) const {
+      const std::size_t nt = layout_.size();
+      std::vector<double> part_sq(parts_ * nt, 0.0);
+      std::vector<char> part_ok(parts_, 1);
+      for_each_part([&](std::size_t part, std::size_t lo, std::size_t hi) {
+        double* psq = part_sq.data() + part * nt;
+        bool ok = true;
+        for_each_piece(lo, hi, [&](std::size_t t, std::size_t a, std::size_t len) {
+          psq[t] += fast::checked_encoded_squared_norm(codec, bytes, size_, a, len, ok);
+        });
+        part_ok[part] = ok ? 1 : 0;
+      });
+      bool ok = true;
+      for (std::size_t p = 0; p < parts_; ++p) {
+        ok &= part_ok[p] != 0;
+        for (std::size_t t = 0; t < nt; ++t) sq[t] += part_sq[p * nt + t];
+      }
+      return ok;
+    }
+
+    /// known_sq: per tensor ||v_t||^2 when computed up front (pass 1 skipped), else nullptr.
     template <class Source>
-    void add_impl(const Source& src, double weight) {
+    void add_impl(const Source& src, double weight, const double* known_sq = nullptr) {
       const std::size_t nt = layout_.size();
       const bool first = count_ == 0;
       const float f = record(weight);
       for (const Group& g : groups_) {
-        // Pass 1: partial ||v_t||^2 per part.
+        // Pass 1: partial ||v_t||^2 per part (unless known).
         std::fill(partial_.begin(), partial_.end(), 0.0);
-        for_range(g.lo, g.hi, [&](std::size_t part, std::size_t lo, std::size_t hi) {
+        if (known_sq) std::copy(known_sq + g.first, known_sq + g.last, partial_.begin() + static_cast<std::ptrdiff_t>(g.first));
+        if (!known_sq) for_range(g.lo, g.hi, [&](std::size_t part, std::size_t lo, std::size_t hi) {
           double* sq = partial_.data() + part * nt;
           for_each_piece(lo, hi, [&](std::size_t t, std::size_t a, std::size_t len) {
             if (layout_[t].embedding) return;
@@ -520,6 +538,13 @@ struct RadialDirectional {
           const std::size_t clen = std::min(kBatchChunk, end - c);
           const std::size_t a0 = std::max(c, lo), a1 = std::min(c + clen, hi);
           if (a1 <= a0) continue;
+#if defined(__GNUC__) || defined(__clang__)
+          // Start loading the next chunk's mean: its memory traffic then
+          // overlaps this chunk's decoding (compute only, L1).
+          for (std::size_t i = a1, nx = std::min(hi, a1 + kBatchChunk); i < nx; i += 64 / sizeof(float)) {
+            __builtin_prefetch(mean_.data() + i, 1, 3);
+          }
+#endif
           if (first) {
             std::fill_n(acc, a1 - a0, 0.0f);
           } else {
@@ -579,6 +604,7 @@ struct RadialDirectional {
     mutable std::vector<float> buffers_;     // per part: one decoded chunk
     std::vector<float> batch_acc_;           // per part: add_batch's pass-2 accumulator chunk
     std::vector<Group> groups_;
+    std::vector<double> coded_sq_;           // add_encoded: per tensor ||v_t||^2 from the codes
   };
 
   [[nodiscard]] Accumulator make_accumulator(std::span<const TensorSegment> layout) const {
