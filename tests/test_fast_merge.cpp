@@ -448,3 +448,49 @@ TEST_CASE("fast RDA memory does not grow with the batch size", "[fast][merge][ba
   CHECK(acc.count() == 40);
   CHECK(acc.memory_bytes() == before);
 }
+
+TEST_CASE("fast RDA merges int8 and int4 payloads with the baseline kernels like the AVX2 ones and the reference, "
+          "streaming and batched",
+          "[fast][merge][codec][isa]") {
+  // The two kernel builds do the same fp32 operations in the same order:
+  // bit-identical merges (on a CPU without AVX2 both runs use the baseline).
+  // Each also within 1e-5 relative of the reference fed ddiloco::decode's output.
+  for (const Codec codec : {Codec::int8, Codec::int4}) {
+    for (const auto& layout : layouts()) {
+      const std::size_t n = ddiloco::layout_size(layout);
+      const auto inputs = inputs_for(n, 3, 131);
+      std::vector<std::vector<std::byte>> payloads;
+      auto ref = ddiloco::RadialDirectional{}.make_accumulator(layout);
+      for (std::size_t k = 0; k < inputs.size(); ++k) {
+        payloads.push_back(ddiloco::encode(codec, inputs[k]));
+        Vec decoded(n);
+        ddiloco::decode(codec, payloads.back(), decoded);
+        ref.add(decoded, kWeights[k]);
+      }
+      Vec out_ref(n);
+      ref.finish(out_ref);
+      std::vector<fast::Contribution> batch;
+      for (std::size_t k = 0; k < payloads.size(); ++k) batch.push_back({codec, {}, payloads[k], kWeights[k]});
+      Vec streamed[2], batched[2];
+      for (const bool baseline : {true, false}) {
+        fast::use_baseline_kernels(baseline);
+        auto one = fast::RadialDirectional{}.make_accumulator(layout);
+        for (std::size_t k = 0; k < payloads.size(); ++k) one.add_encoded(codec, payloads[k], kWeights[k]);
+        auto all = fast::RadialDirectional{}.make_accumulator(layout);
+        all.add_batch(batch);
+        Vec& s = streamed[baseline ? 0 : 1];
+        Vec& b = batched[baseline ? 0 : 1];
+        s.resize(n);
+        b.resize(n);
+        one.finish(s);
+        all.finish(b);
+      }
+      fast::use_baseline_kernels(false);
+      INFO(ddiloco::to_string(codec) << " n = " << n);
+      CHECK(streamed[0] == streamed[1]);
+      CHECK(batched[0] == batched[1]);
+      CHECK(relative_diff(streamed[0], out_ref) <= 1e-5);
+      CHECK(relative_diff(batched[0], out_ref) <= 1e-5);
+    }
+  }
+}
