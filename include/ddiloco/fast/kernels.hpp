@@ -4,8 +4,9 @@
 // What it is: fused single-pass span kernels (squared norm; running-mean update
 // that also returns the squared norm of the new mean; scaled Nesterov step),
 // chunked codec decoders (fp32/bf16/fp16/int8/int4 into a small cache-resident
-// buffer) and the learner's fused "outer gradient + encode". Every loop is
-// written for the compiler's auto-vectoriser: fixed-width inner loops over
+// buffer) and the learner's fused "outer gradient + encode". Every float loop is
+// written for the compiler's auto-vectoriser (the int8/int4 block kernels, which
+// it does not vectorise, use SSE2/AVX2 intrinsics; see "whole quantisation blocks"): fixed-width inner loops over
 // kLanes independent accumulators (a reduction into one scalar is bound by the
 // add latency, about 4 cycles per element; 16 independent lanes are not), no
 // branches inside the lanes, __restrict__ pointers. The hot kernels are built
@@ -262,18 +263,21 @@ inline unsigned int8_block_decode(const unsigned char* c, float s, float* __rest
 /// sum_j q_j^2 of one whole int4 block; sets bad nonzero on a -8 code.
 inline std::uint32_t int4_block_sq(const unsigned char* c, unsigned& bad) noexcept {
 #if defined(__SSE2__)
-  const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
-  __m128i badv = _mm_setzero_si128(), acc = _mm_setzero_si128();
+  // In 16-bit lanes, no shuffles: each lane holds 4 nibbles u; v = u ^ 8 is
+  // q + 8 in 0..15, extracted by shift and mask; q = v - 8; madd sums q^2 in pairs.
+  const __m128i flip = _mm_set1_epi8(static_cast<char>(0x88)), low = _mm_set1_epi16(0x000F);
+  const __m128i eight = _mm_set1_epi16(8), zero = _mm_setzero_si128();
+  __m128i badv = zero, acc = zero;
   for (int h = 0; h < 2; ++h) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * h));
-    const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-    badv = _mm_or_si128(badv, _mm_or_si128(_mm_cmpeq_epi8(lo, eight), _mm_cmpeq_epi8(hi, eight)));
-    // q as 16-bit lanes: ((nibble ^ 8) - 8) in each half of a 16-bit word pair.
-    const __m128i ql = _mm_sub_epi8(_mm_xor_si128(lo, eight), eight), qh = _mm_sub_epi8(_mm_xor_si128(hi, eight), eight);
-    const __m128i a0 = _mm_srai_epi16(_mm_unpacklo_epi8(ql, ql), 8), a1 = _mm_srai_epi16(_mm_unpackhi_epi8(ql, ql), 8);
-    const __m128i b0 = _mm_srai_epi16(_mm_unpacklo_epi8(qh, qh), 8), b1 = _mm_srai_epi16(_mm_unpackhi_epi8(qh, qh), 8);
-    acc = _mm_add_epi32(acc, _mm_add_epi32(_mm_add_epi32(_mm_madd_epi16(a0, a0), _mm_madd_epi16(a1, a1)),
-                                           _mm_add_epi32(_mm_madd_epi16(b0, b0), _mm_madd_epi16(b1, b1))));
+    const __m128i v = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * h)), flip);
+    const __m128i v0 = _mm_and_si128(v, low), v1 = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+    const __m128i v2 = _mm_and_si128(_mm_srli_epi16(v, 8), low), v3 = _mm_srli_epi16(v, 12);
+    badv = _mm_or_si128(badv, _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi16(v0, zero), _mm_cmpeq_epi16(v1, zero)),
+                                           _mm_or_si128(_mm_cmpeq_epi16(v2, zero), _mm_cmpeq_epi16(v3, zero))));
+    const __m128i q0 = _mm_sub_epi16(v0, eight), q1 = _mm_sub_epi16(v1, eight);
+    const __m128i q2 = _mm_sub_epi16(v2, eight), q3 = _mm_sub_epi16(v3, eight);
+    acc = _mm_add_epi32(acc, _mm_add_epi32(_mm_add_epi32(_mm_madd_epi16(q0, q0), _mm_madd_epi16(q1, q1)),
+                                           _mm_add_epi32(_mm_madd_epi16(q2, q2), _mm_madd_epi16(q3, q3))));
   }
   acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4E));
   acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xB1));

@@ -24,8 +24,11 @@
 // An int8/int4 payload's pass 1 runs first over the whole fragment, in one
 // scan of the codes that also validates them (checked_encoded_squared_norm: no
 // float conversion, 0.56 bytes per element for int4), so a corrupt payload
-// throws before the mean is touched. Tensors are processed in groups of whole tensors of about kGroup elements:
-// both passes over one group before the next, so when a group fits in the cache
+// throws before the mean is touched. Pass 2 decodes a chunk of codes into L1
+// while the chunk's mean is prefetched (decoding is compute only: without the
+// prefetch the memory idles meanwhile). Tensors are processed in groups of
+// whole tensors of about kGroup elements (fp32/fp16/bf16: both passes over one
+// group before the next; int8/int4: pass 2), so when a group fits in the cache
 // pass 2 re-reads the contribution from cache, not memory. The accumulator holds
 // one float per element plus three doubles per tensor, whatever M is.
 //
