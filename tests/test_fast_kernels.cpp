@@ -382,7 +382,8 @@ TEST_CASE("fast int8 and int4 whole-block kernels flag an invalid code at every 
           bad[codes + e] = std::byte{0x80};
         } else {
           const auto byte = std::to_integer<unsigned>(bad[codes + e / 2]);
-          bad[codes + e / 2] = std::byte(static_cast<unsigned char>(e % 2 == 0 ? (byte & 0xF0U) | 0x08U : (byte & 0x0FU) | 0x80U));
+          const unsigned patched = e % 2 == 0 ? (byte & 0xF0U) | 0x08U : (byte & 0x0FU) | 0x80U;  // nibble 8 = -8
+          bad[codes + e / 2] = std::byte(static_cast<unsigned char>(patched));
         }
         missed_decode += fast::decode_range(codec, bad.data(), n, 0, n, out.data()) ? 1 : 0;
         bool ok = true;

@@ -359,7 +359,8 @@ __attribute__((target("avx2"))) inline unsigned int8_block_decode_avx2(const uns
   return static_cast<unsigned>(_mm256_movemask_epi8(badv));
 }
 
-__attribute__((target("avx2"))) inline std::uint32_t int4_block_sq_avx2(const unsigned char* c, unsigned& bad) noexcept {
+__attribute__((target("avx2"))) inline std::uint32_t int4_block_sq_avx2(const unsigned char* c,
+                                                                        unsigned& bad) noexcept {
   const __m256i mask = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
   // q^2 of each nibble value: nibble v holds q = (v ^ 8) - 8.
   const __m256i squares = _mm256_setr_epi8(0, 1, 4, 9, 16, 25, 36, 49, 64, 49, 36, 25, 16, 9, 4, 1,  //
@@ -375,7 +376,8 @@ __attribute__((target("avx2"))) inline std::uint32_t int4_block_sq_avx2(const un
   return static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2))));
 }
 
-__attribute__((target("avx2"))) inline std::uint32_t int8_block_sq_avx2(const unsigned char* c, unsigned& bad) noexcept {
+__attribute__((target("avx2"))) inline std::uint32_t int8_block_sq_avx2(const unsigned char* c,
+                                                                        unsigned& bad) noexcept {
   const __m256i minus128 = _mm256_set1_epi8(static_cast<char>(-128));
   __m256i acc = _mm256_setzero_si256(), badv = _mm256_setzero_si256();
   for (int k = 0; k < 2; ++k) {
@@ -396,18 +398,32 @@ __attribute__((target("avx2"))) inline std::uint32_t int8_block_sq_avx2(const un
 /// The block kernels of one build: Avx2 = false the baseline ones.
 template <bool Avx2>
 struct BlockKernels {
-  static unsigned int4_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept { return int4_block_decode(c, s, o); }
-  static unsigned int8_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept { return int8_block_decode(c, s, o); }
+  static unsigned int4_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept {
+    return int4_block_decode(c, s, o);
+  }
+  static unsigned int8_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept {
+    return int8_block_decode(c, s, o);
+  }
   static std::uint32_t int4_sq(const unsigned char* c, unsigned& bad) noexcept { return int4_block_sq(c, bad); }
   static std::uint32_t int8_sq(const unsigned char* c, unsigned& bad) noexcept { return int8_block_sq(c, bad); }
 };
 #ifdef DDILOCO_FAST_HAVE_AVX2_BLOCKS
 template <>
 struct BlockKernels<true> {
-  __attribute__((target("avx2"))) static unsigned int4_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept { return int4_block_decode_avx2(c, s, o); }
-  __attribute__((target("avx2"))) static unsigned int8_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept { return int8_block_decode_avx2(c, s, o); }
-  __attribute__((target("avx2"))) static std::uint32_t int4_sq(const unsigned char* c, unsigned& bad) noexcept { return int4_block_sq_avx2(c, bad); }
-  __attribute__((target("avx2"))) static std::uint32_t int8_sq(const unsigned char* c, unsigned& bad) noexcept { return int8_block_sq_avx2(c, bad); }
+  __attribute__((target("avx2"))) static unsigned int4_decode(const unsigned char* c, float s,
+                                                              float* __restrict__ o) noexcept {
+    return int4_block_decode_avx2(c, s, o);
+  }
+  __attribute__((target("avx2"))) static unsigned int8_decode(const unsigned char* c, float s,
+                                                              float* __restrict__ o) noexcept {
+    return int8_block_decode_avx2(c, s, o);
+  }
+  __attribute__((target("avx2"))) static std::uint32_t int4_sq(const unsigned char* c, unsigned& bad) noexcept {
+    return int4_block_sq_avx2(c, bad);
+  }
+  __attribute__((target("avx2"))) static std::uint32_t int8_sq(const unsigned char* c, unsigned& bad) noexcept {
+    return int8_block_sq_avx2(c, bad);
+  }
 };
 #endif
 
@@ -507,7 +523,9 @@ DDILOCO_FAST_AVX2 inline double scale_copy_sq_avx2(float s, const float* __restr
 DDILOCO_FAST_AVX2 inline void scaled_nesterov_avx2(float c, float share, const float* __restrict__ mean, float mu, float eta,
                             float* __restrict__ theta, float* __restrict__ b, std::size_t n) noexcept { return scaled_nesterov_base(c, share, mean, mu, eta, theta, b, n); }
 DDILOCO_FAST_AVX2 inline bool decode_range_avx2(Codec codec, const std::byte* in, std::size_t n, std::size_t lo,
-                         std::size_t len, float* __restrict__ out) noexcept { return decode_range_impl<true>(codec, in, n, lo, len, out); }
+                         std::size_t len, float* __restrict__ out) noexcept {
+  return decode_range_impl<true>(codec, in, n, lo, len, out);
+}
 DDILOCO_FAST_AVX2 inline void scale_into_avx2(float a, const float* __restrict__ x, float* __restrict__ out,
                                                 std::size_t n) noexcept { scale_into_base(a, x, out, n); }
 DDILOCO_FAST_AVX2 inline void axpy_avx2(float a, const float* __restrict__ x, float* __restrict__ acc,

@@ -187,7 +187,9 @@ struct RadialDirectional {
       // tensor's ||v_t||^2 (pass 1 done up front, before the mean is touched).
       const bool coded = codec == Codec::int8 || codec == Codec::int4;
       if (coded) std::fill(coded_sq_.begin(), coded_sq_.end(), 0.0);
-      if (coded ? !coded_norms(codec, bytes.data(), coded_sq_.data()) : !fast::valid_encoding(codec, bytes.data(), size_)) {
+      const bool valid = coded ? coded_norms(codec, bytes.data(), coded_sq_.data())
+                               : fast::valid_encoding(codec, bytes.data(), size_);
+      if (!valid) {
         throw ProtocolError(ddiloco::detail::msg(name, "::add_encoded(", to_string(codec), "): ", size_,
                                                  " elements hold a negative/non-finite scale, a code outside "
                                                  "[-Q, Q] or a nonzero padding nibble; the payload is corrupt, "
@@ -412,18 +414,21 @@ struct RadialDirectional {
       for (const Group& g : groups_) {
         // Pass 1: partial ||v_t||^2 per part (unless known).
         std::fill(partial_.begin(), partial_.end(), 0.0);
-        if (known_sq) std::copy(known_sq + g.first, known_sq + g.last, partial_.begin() + static_cast<std::ptrdiff_t>(g.first));
-        if (!known_sq) for_range(g.lo, g.hi, [&](std::size_t part, std::size_t lo, std::size_t hi) {
-          double* sq = partial_.data() + part * nt;
-          for_each_piece(lo, hi, [&](std::size_t t, std::size_t a, std::size_t len) {
-            if (layout_[t].embedding) return;
-            if constexpr (Source::chunked) {
-              sq[t] += fast::encoded_squared_norm(src.codec, src.bytes, size_, a, len);
-            } else {
-              sq[t] += fast::squared_norm(src.v + a, len);
-            }
+        if (known_sq) {
+          std::copy(known_sq + g.first, known_sq + g.last, partial_.data() + g.first);  // as part 0's
+        } else {
+          for_range(g.lo, g.hi, [&](std::size_t part, std::size_t lo, std::size_t hi) {
+            double* sq = partial_.data() + part * nt;
+            for_each_piece(lo, hi, [&](std::size_t t, std::size_t a, std::size_t len) {
+              if (layout_[t].embedding) return;
+              if constexpr (Source::chunked) {
+                sq[t] += fast::encoded_squared_norm(src.codec, src.bytes, size_, a, len);
+              } else {
+                sq[t] += fast::squared_norm(src.v + a, len);
+              }
+            });
           });
-        });
+        }
         for (std::size_t t = g.first; t < g.last; ++t) {
           float s = 1.0f;  // embedding: running mean of v itself
           if (!layout_[t].embedding) {
