@@ -198,6 +198,18 @@ inline void scale(float c, const float* __restrict__ x, float* __restrict__ out,
 // 2j (low nibble) and 2j + 1 (high nibble), q = (nibble ^ 8) - 8.
 static_assert(kQuantBlock == 64, "the block kernels below decode 64 codes per block");
 
+#if defined(__SSE2__)
+/// o[0..16) = (16 signed bytes of q, as floats) * s: sign-extend bytes -> 16 bit
+/// -> 32 bit (duplicate, then shift right arithmetically), convert, multiply.
+inline void store_scaled_i8x16(__m128i q, __m128 vs, float* o) noexcept {
+  const __m128i w0 = _mm_srai_epi16(_mm_unpacklo_epi8(q, q), 8), w1 = _mm_srai_epi16(_mm_unpackhi_epi8(q, q), 8);
+  _mm_storeu_ps(o, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w0, w0), 16)), vs));
+  _mm_storeu_ps(o + 4, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w0, w0), 16)), vs));
+  _mm_storeu_ps(o + 8, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w1, w1), 16)), vs));
+  _mm_storeu_ps(o + 12, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w1, w1), 16)), vs));
+}
+#endif
+
 /// Decodes one whole int4 block (32 bytes at c) into o[0..64).
 inline unsigned int4_block_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept {
 #if defined(__SSE2__)
@@ -211,13 +223,7 @@ inline unsigned int4_block_decode(const unsigned char* c, float s, float* __rest
     const __m128i e[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)};  // codes in element order
     for (int k = 0; k < 2; ++k) {
       const __m128i q = _mm_sub_epi8(_mm_xor_si128(e[k], eight), eight);
-      // Sign-extend bytes -> 16 bit -> 32 bit: duplicate, then shift right arithmetically.
-      const __m128i w0 = _mm_srai_epi16(_mm_unpacklo_epi8(q, q), 8), w1 = _mm_srai_epi16(_mm_unpackhi_epi8(q, q), 8);
-      float* ok = o + 32 * h + 16 * k;
-      _mm_storeu_ps(ok, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w0, w0), 16)), vs));
-      _mm_storeu_ps(ok + 4, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w0, w0), 16)), vs));
-      _mm_storeu_ps(ok + 8, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w1, w1), 16)), vs));
-      _mm_storeu_ps(ok + 12, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w1, w1), 16)), vs));
+      store_scaled_i8x16(q, vs, o + 32 * h + 16 * k);
     }
   }
   return static_cast<unsigned>(_mm_movemask_epi8(badv));
@@ -242,12 +248,7 @@ inline unsigned int8_block_decode(const unsigned char* c, float s, float* __rest
   for (int k = 0; k < 4; ++k) {
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * k));
     badv = _mm_or_si128(badv, _mm_cmpeq_epi8(q, minus128));
-    const __m128i w0 = _mm_srai_epi16(_mm_unpacklo_epi8(q, q), 8), w1 = _mm_srai_epi16(_mm_unpackhi_epi8(q, q), 8);
-    float* ok = o + 16 * k;
-    _mm_storeu_ps(ok, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w0, w0), 16)), vs));
-    _mm_storeu_ps(ok + 4, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w0, w0), 16)), vs));
-    _mm_storeu_ps(ok + 8, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w1, w1), 16)), vs));
-    _mm_storeu_ps(ok + 12, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w1, w1), 16)), vs));
+    store_scaled_i8x16(q, vs, o + 16 * k);
   }
   return static_cast<unsigned>(_mm_movemask_epi8(badv));
 #else
