@@ -80,6 +80,14 @@ struct Row {
   bool timed_out = false;
 };
 
+/// Goodput is measured on virtual time only (LocalCluster::run_virtual); "-" for threaded runs.
+std::string goodput_text(const Row& r, bool threaded) {
+  if (threaded) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", r.goodput);
+  return buf;
+}
+
 /// Everything shared by the runs: data, validation batches, a model to score global parameters.
 struct Context {
   Options opt;
@@ -217,10 +225,10 @@ Row run(Context& ctx, Method m, bool failures, Opt outer_opt) {
   row.restarts = r.restarts;
   row.timed_out = r.timed_out;
   for (const auto& l : r.learners) row.bytes_sent += l.bytes_sent;
-  std::printf("  done %s: val %.4f, %s time %.1f s, real %.1f s, goodput %.3f, merges %llu, kills %llu%s\n",
+  std::printf("  done %s: val %.4f, %s time %.1f s, real %.1f s, goodput %s, merges %llu, kills %llu%s\n",
               row.label.c_str(), row.val_loss, o.threaded ? "real" : "simulated", row.sim_s, row.real_s,
-              row.goodput, static_cast<unsigned long long>(row.merges), static_cast<unsigned long long>(row.kills),
-              r.timed_out ? " TIMED OUT" : "");
+              goodput_text(row, o.threaded).c_str(), static_cast<unsigned long long>(row.merges),
+              static_cast<unsigned long long>(row.kills), r.timed_out ? " TIMED OUT" : "");
   std::fflush(stdout);
   return row;
 }
@@ -241,8 +249,9 @@ std::string table(const std::vector<Row>& rows, bool threaded) {
   os << "|---|---|---|---|---|---|---|---|---|\n";
   char buf[512];
   for (const auto& r : rows) {
-    std::snprintf(buf, sizeof buf, "| %s | %s | %lld | %.4f | %.1f | %.3f | %llu | %.1f | %.0f |%s\n", r.label.c_str(),
-                  r.failures.c_str(), static_cast<long long>(r.tokens), r.val_loss, r.sim_s, r.goodput,
+    std::snprintf(buf, sizeof buf, "| %s | %s | %lld | %.4f | %.1f | %s | %llu | %.1f | %.0f |%s\n", r.label.c_str(),
+                  r.failures.c_str(), static_cast<long long>(r.tokens), r.val_loss, r.sim_s,
+                  goodput_text(r, threaded).c_str(),
                   static_cast<unsigned long long>(r.merges), static_cast<double>(r.bytes_sent) / 1e6, r.real_s,
                   r.timed_out ? " TIMED OUT" : "");
     os << buf;

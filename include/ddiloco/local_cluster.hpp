@@ -85,6 +85,9 @@ struct ClusterConfig {
 
 struct ClusterResult {
   Duration elapsed{0};             ///< virtual (run_virtual) or real (run_threaded) time
+  // goodput, global_downtime and the windows are measured by run_virtual()
+  // only (they need every learner's state at every instant); run_threaded()
+  // leaves them 0.
   double goodput = 0.0;
   Duration global_downtime{0};
   std::size_t windows = 0;                 ///< windows of H step times after the first merge
