@@ -61,7 +61,11 @@ int main(int argc, char** argv) try {
 
   void* context = zmq_ctx_new();
   void* socket = zmq_socket(context, ZMQ_DEALER);
-  int linger = 2000;
+  // Closing waits up to 30 s for the queued frames to go out (the test waits as
+  // long for their effect): with 2 s, a syncer busy with two fast learners on a
+  // loaded CI machine once had not read the last 1.2 MB when the client exited,
+  // and the valid contribution and its replay were dropped unsent.
+  int linger = 30000;
   zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof linger);
   if (zmq_connect(socket, f.str("connect").c_str()) != 0)
     throw TransportError(detail::msg("chaos client: cannot connect to '", f.str("connect"), "'"));

@@ -37,30 +37,24 @@ note "uninterrupted run: mean final val $reference_val"
 CHECKPOINTS="$WORK/checkpoints"
 start_syncer first "${SECURITY[@]}" --checkpoint-dir "$CHECKPOINTS" --checkpoint-every-ms 300
 first_pid=$SYNCER_PID
-# shellcheck disable=SC2046
 declare -a learner_pids
 for i in 0 1 2 3; do
+  # shellcheck disable=SC2046
   start_learner "l$i" "$i" 4 "$STEPS" $(auth "$i")
   learner_pids[i]=$LEARNER_PID
 done
-for i in 0 1 2 3; do wait_until 60 "learner $i to train 200 steps" log_has "l$i" "learner $i: step 200 "; done
-wait_until 30 "a checkpoint" log_has first "syncer: checkpoint"
-kill -9 "$first_pid"
-wait "$first_pid" 2>/dev/null || true
-note "killed the syncer at $(grep -c 'syncer: checkpoint' "$WORK/first.log") checkpoints"
-
-# The learners keep training while no syncer runs. Each is frozen (SIGSTOP) as
-# soon as it has trained 2 more progress lines, and stays frozen while the
-# syncer restarts, so that every one still has steps left to re-synchronise:
-# on a loaded machine the learners' speeds differ up to 3x, and the fastest
-# (~700 steps/s) once finished while the slowest was still being waited for,
-# or ran its last steps during the restart, before its reconnection.
+# Learner speeds differ up to 3x on a loaded machine, and the fastest (~850
+# steps/s) runs all 1200 steps in under 2 s: it once finished before the
+# syncer was even killed, and once before it could re-synchronise with the
+# restarted syncer. So each learner is frozen (SIGSTOP) as soon as it reaches
+# the next milestone, and all are thawed (SIGCONT) together for the next phase.
 declare -a before frozen
-for i in 0 1 2 3; do before[i]=$(count_lines "l$i" "learner $i: step "); done
-freeze_trained() {
+# freeze_after N: freezes each learner once it has printed N progress lines more
+# than before[i]; true when all four are frozen.
+freeze_after() {
   local i all=0
   for i in 0 1 2 3; do
-    if [ -z "${frozen[i]:-}" ] && lines_at_least "l$i" "learner $i: step " "$((before[i] + 2))"; then
+    if [ -z "${frozen[i]:-}" ] && lines_at_least "l$i" "learner $i: step " "$((before[i] + $1))"; then
       kill -STOP "${learner_pids[i]}"
       frozen[i]=1
     fi
@@ -68,7 +62,23 @@ freeze_trained() {
   done
   [ "$all" = 4 ]
 }
-wait_until 60 "every learner to train 2 progress lines without the syncer" freeze_trained
+thaw() {
+  local i
+  for i in 0 1 2 3; do kill -CONT "${learner_pids[i]}"; done
+  frozen=()
+}
+for i in 0 1 2 3; do before[i]=0; done
+wait_until 60 "every learner to train 200 steps (4 progress lines)" freeze_after 4
+wait_until 30 "a checkpoint" log_has first "syncer: checkpoint"
+kill -9 "$first_pid"
+wait "$first_pid" 2>/dev/null || true
+note "killed the syncer at $(grep -c 'syncer: checkpoint' "$WORK/first.log") checkpoints"
+
+# The learners keep training while no syncer runs: 2 more progress lines each,
+# then frozen until the syncer has restarted, so every one still has steps left.
+for i in 0 1 2 3; do before[i]=$(count_lines "l$i" "learner $i: step "); done
+thaw
+wait_until 60 "every learner to train 2 progress lines without the syncer" freeze_after 2
 for i in 0 1 2 3; do log_has "l$i" "learner $i: done" && fail "learner $i finished while the syncer was down; raise STEPS"; done
 note "learners trained 2 more progress lines each without a syncer (then frozen for the restart)"
 
@@ -78,7 +88,7 @@ restored=$(status accepted second)
 last_applies() { grep -o ' applies [0-9]*' "$WORK/$1.log" | tail -n 1 | awk '{print $2}'; }
 declare -a applies
 for i in 0 1 2 3; do applies[i]=$(last_applies "l$i"); done
-for i in 0 1 2 3; do kill -CONT "${learner_pids[i]}"; done
+thaw
 note "syncer restarted: $(grep 'resumed from' "$WORK/second.log"), accepted $restored"
 wait_until 60 "the restarted syncer to accept contributions again" status_at_least accepted second "$((restored + 20))"
 for i in 0 1 2 3; do wait_until 120 "learner $i to finish" log_has "l$i" "learner $i: done"; done
