@@ -358,7 +358,7 @@ TEST_CASE("fast RDA add_batch keeps the hand-computed edge cases: cancelling dir
   fast::Workers two(2);
   for (fast::Workers* workers : {static_cast<fast::Workers*>(nullptr), &two}) {
     auto acc = fast::RadialDirectional{workers}.make_accumulator(layout);
-    const fast::Contribution batch[] = {{Codec::fp32, a, {}, 1.0}, {Codec::fp32, b, {}, 1.0}};
+    const fast::Contribution batch[] = {{Codec::fp32, a, {}, 1.0, {}}, {Codec::fp32, b, {}, 1.0, {}}};
     acc.add_batch(batch);
     Vec out(5);
     acc.finish(out);
@@ -377,13 +377,13 @@ TEST_CASE("fast RDA add_batch skips zero weights without reading them and counts
   auto corrupt = ddiloco::encode(Codec::int8, inputs[1]);
   corrupt[4 * 2 + 5] = std::byte{0x80};  // a -128 code: invalid, but its weight is 0
   auto acc = fast::RadialDirectional{}.make_accumulator(layout);
-  const fast::Contribution zeros[] = {{Codec::fp32, inputs[0], {}, 0.0}, {Codec::int8, {}, corrupt, 0.0}};
+  const fast::Contribution zeros[] = {{Codec::fp32, inputs[0], {}, 0.0, {}}, {Codec::int8, {}, corrupt, 0.0, {}}};
   acc.add_batch(zeros);
   CHECK(acc.count() == 0);
   CHECK(acc.total_weight() == 0.0);
   Vec out(130);
   CHECK_THROWS_AS(acc.finish(out), ddiloco::StateError);
-  const fast::Contribution some[] = {{Codec::fp32, inputs[0], {}, 2.0}, {Codec::int8, {}, corrupt, 0.0}};
+  const fast::Contribution some[] = {{Codec::fp32, inputs[0], {}, 2.0, {}}, {Codec::int8, {}, corrupt, 0.0, {}}};
   acc.add_batch(some);
   CHECK(acc.count() == 1);
   CHECK(acc.total_weight() == 2.0);
@@ -415,23 +415,23 @@ TEST_CASE("fast RDA add_batch with one bad element throws and leaves the accumul
     CHECK(out == before);  // bit for bit: the mean was not touched
   };
   // The bad element is last, so the good ones before it were validated already.
-  const fast::Contribution corrupt[] = {{Codec::fp32, inputs[2], {}, 1.0}, {Codec::int4, {}, good, 2.0},
-                                        {Codec::int4, {}, bad, 1.0}};
+  const fast::Contribution corrupt[] = {{Codec::fp32, inputs[2], {}, 1.0, {}}, {Codec::int4, {}, good, 2.0, {}},
+                                        {Codec::int4, {}, bad, 1.0, {}}};
   CHECK_THROWS_AS(acc.add_batch(corrupt), ddiloco::ProtocolError);
   unchanged();
-  const fast::Contribution wrong_size[] = {{Codec::int4, {}, good, 2.0}, {Codec::fp32, short_values, {}, 1.0}};
+  const fast::Contribution wrong_size[] = {{Codec::int4, {}, good, 2.0, {}}, {Codec::fp32, short_values, {}, 1.0, {}}};
   CHECK_THROWS_AS(acc.add_batch(wrong_size), ddiloco::ShapeMismatch);
   unchanged();
   const fast::Contribution short_bytes[] = {
-      {Codec::int4, {}, std::span<const std::byte>(good).first(good.size() - 1), 1.0}};
+      {Codec::int4, {}, std::span<const std::byte>(good).first(good.size() - 1), 1.0, {}}};
   CHECK_THROWS_AS(acc.add_batch(short_bytes), ddiloco::ShapeMismatch);
   unchanged();
   // An int codec needs bytes: values alone are not an int4 payload.
-  const fast::Contribution values_as_int4[] = {{Codec::int4, inputs[2], {}, 1.0}};
+  const fast::Contribution values_as_int4[] = {{Codec::int4, inputs[2], {}, 1.0, {}}};
   CHECK_THROWS_AS(acc.add_batch(values_as_int4), ddiloco::ShapeMismatch);
   unchanged();
   for (const double w : {-1.0, std::nan(""), HUGE_VAL}) {
-    const fast::Contribution bad_weight[] = {{Codec::fp32, inputs[2], {}, 1.0}, {Codec::int4, {}, good, w}};
+    const fast::Contribution bad_weight[] = {{Codec::fp32, inputs[2], {}, 1.0, {}}, {Codec::int4, {}, good, w, {}}};
     CHECK_THROWS_AS(acc.add_batch(bad_weight), ddiloco::InvalidArgument);
     unchanged();
   }
@@ -443,7 +443,7 @@ TEST_CASE("fast RDA memory does not grow with the batch size", "[fast][merge][ba
   const std::size_t before = acc.memory_bytes();
   const auto inputs = inputs_for(5077, 40, 4);
   std::vector<fast::Contribution> batch;
-  for (const auto& v : inputs) batch.push_back({Codec::fp32, v, {}, 1.0});
+  for (const auto& v : inputs) batch.push_back({Codec::fp32, v, {}, 1.0, {}});
   acc.add_batch(batch);
   CHECK(acc.count() == 40);
   CHECK(acc.memory_bytes() == before);
@@ -470,7 +470,7 @@ TEST_CASE("fast RDA merges int8 and int4 payloads with the baseline kernels like
       Vec out_ref(n);
       ref.finish(out_ref);
       std::vector<fast::Contribution> batch;
-      for (std::size_t k = 0; k < payloads.size(); ++k) batch.push_back({codec, {}, payloads[k], kWeights[k]});
+      for (std::size_t k = 0; k < payloads.size(); ++k) batch.push_back({codec, {}, payloads[k], kWeights[k], {}});
       Vec streamed[2], batched[2];
       for (const bool baseline : {true, false}) {
         fast::use_baseline_kernels(baseline);
@@ -493,4 +493,49 @@ TEST_CASE("fast RDA merges int8 and int4 payloads with the baseline kernels like
       CHECK(relative_diff(batched[0], out_ref) <= 1e-5);
     }
   }
+}
+
+TEST_CASE("fast RDA add_batch with caller-computed tensor norms merges as computing them itself", "[fast][merge][batch]") {
+  // The syncer hands over the ||v_t||^2 it took while validating; add_batch
+  // then skips its norm pass. Same norms (summed in double here, in fp32 lanes
+  // there): within 1e-5 relative, as add_batch against the reference.
+  const std::vector<TensorSegment> layout{{0, 5000, false}, {5000, 77, true}, {5077, 300, false}};
+  const auto inputs = inputs_for(5377, 6, 9);
+  std::vector<std::vector<double>> norms(inputs.size());
+  std::vector<fast::Contribution> computed, given;
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    for (const auto& seg : layout) {
+      double sq = 0.0;
+      for (std::size_t i = seg.offset; i < seg.offset + seg.size; ++i)
+        sq += static_cast<double>(inputs[k][i]) * static_cast<double>(inputs[k][i]);
+      norms[k].push_back(sq);
+    }
+    const double w = 1.0 + static_cast<double>(k);
+    computed.push_back({Codec::fp32, inputs[k], {}, w, {}});
+    given.push_back({Codec::fp32, inputs[k], {}, w, norms[k]});
+  }
+  auto a = fast::RadialDirectional{}.make_accumulator(layout);
+  auto b = fast::RadialDirectional{}.make_accumulator(layout);
+  a.add_batch(computed);
+  b.add_batch(given);
+  Vec out_a(5377), out_b(5377);
+  a.finish(out_a);
+  b.finish(out_b);
+  CHECK(relative_diff(out_b, out_a) <= 1e-5);
+
+  // The given norms are the ones used: norms of another contribution (the
+  // next one's) give another merge.
+  std::vector<fast::Contribution> swapped = given;
+  for (std::size_t k = 0; k < swapped.size(); ++k) swapped[k].tensor_sq = norms[(k + 1) % norms.size()];
+  auto d = fast::RadialDirectional{}.make_accumulator(layout);
+  d.add_batch(swapped);
+  Vec out_d(5377);
+  d.finish(out_d);
+  CHECK(relative_diff(out_d, out_a) > 1e-3);
+
+  auto c = fast::RadialDirectional{}.make_accumulator(layout);
+  const std::vector<double> two_norms{1.0, 2.0};
+  const fast::Contribution wrong[] = {{Codec::fp32, inputs[0], {}, 1.0, two_norms}};
+  CHECK_THROWS_AS(c.add_batch(wrong), ddiloco::ShapeMismatch);
+  CHECK(c.count() == 0);
 }

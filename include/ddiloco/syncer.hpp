@@ -846,6 +846,7 @@ class Syncer {
     double per_step_norm = 0.0;
     double weight = 0.0;
     std::optional<Duration> step_time;
+    std::vector<double> tensor_sq;  ///< ||v_t||^2 per tensor of the fragment (handed to add_batch)
   };
 
   void on_contribution(const Message& m, TimePoint now, Outbox& out) {
@@ -853,7 +854,8 @@ class Syncer {
   }
 
   /// The checks of a contribution that need no fragment lock: index, size,
-  /// counters, finiteness (one pass computing the norm too), known learner.
+  /// counters, finiteness (one pass computing every tensor's squared norm too,
+  /// which add_batch then does not compute again), known learner.
   std::optional<Checked> precheck(const Message& m, TimePoint now) {
     const auto refuse = [this](RejectReason why) -> std::optional<Checked> {
       reject(why);
@@ -863,30 +865,41 @@ class Syncer {
     const std::size_t n = fragments_[m.fragment].theta.size();
     if ((!m.payload && !m.encoded) || m.payload_size() != n) return refuse(RejectReason::wrong_size);
     if (m.steps < 1 || m.tokens < 0) return refuse(RejectReason::bad_counters);
-    double sq = 0.0;  // one pass over the payload: finiteness and norm
-    if (m.payload) {
-      for (float x : *m.payload) {
-        if (!std::isfinite(x)) return refuse(RejectReason::non_finite);
-        sq += static_cast<double>(x) * static_cast<double>(x);
+    const auto layout = plan_.layout(m.fragment);
+    std::vector<double> tensor_sq(layout.size(), 0.0);
+    if (m.payload) {  // one pass over the payload: finiteness and the norms
+      const std::vector<float>& v = *m.payload;
+      for (std::size_t t = 0; t < layout.size(); ++t) {
+        double sq = 0.0;
+        for (std::size_t i = layout[t].offset; i < layout[t].offset + layout[t].size; ++i) {
+          if (!std::isfinite(v[i])) return refuse(RejectReason::non_finite);
+          sq += static_cast<double>(v[i]) * static_cast<double>(v[i]);
+        }
+        tensor_sq[t] = sq;
       }
     } else {
       // Still in its wire encoding (a transport's keep_contributions_encoded):
-      // the bytes are checked and the norm taken in one scan of the codes,
+      // the bytes are checked and the norms taken in one scan of the codes,
       // without decoding (fast/kernels.hpp); a non-finite value of an fp32/
-      // bf16/fp16 payload makes the sum non-finite.
+      // bf16/fp16 payload makes its tensor's sum non-finite.
       const EncodedPayload& e = *m.encoded;
       if (e.bytes.size() != encoded_size(e.codec, n)) return refuse(RejectReason::wrong_size);
       bool valid = true;
-      sq = fast::checked_encoded_squared_norm(e.codec, e.bytes.data(), n, 0, n, valid);
+      for (std::size_t t = 0; t < layout.size(); ++t)
+        tensor_sq[t] =
+            fast::checked_encoded_squared_norm(e.codec, e.bytes.data(), n, layout[t].offset, layout[t].size, valid);
       if (!valid) return refuse(RejectReason::bad_encoding);
-      if (!std::isfinite(sq)) return refuse(RejectReason::non_finite);
     }
+    double sq = 0.0;
+    for (double x : tensor_sq) sq += x;
+    if (!std::isfinite(sq)) return refuse(RejectReason::non_finite);
     Checked c;
     c.m = &m;
     c.now = now;
     c.per_step_norm = std::sqrt(sq) / static_cast<double>(m.steps);
     if (!touch(m.learner, now, m.step, &c.step_time)) return std::nullopt;
     c.weight = weights_(Counters{m.steps, m.tokens});
+    c.tensor_sq = std::move(tensor_sq);
     return c;
   }
 
@@ -974,6 +987,7 @@ class Syncer {
             batch[i].bytes = m.encoded->bytes;
           }
           batch[i].weight = items[i]->weight;
+          batch[i].tensor_sq = items[i]->tensor_sq;  // computed by precheck(): no second norm pass
         }
         f.acc->add_batch(batch);
         return;

@@ -113,6 +113,11 @@ struct Contribution {
   std::span<const float> values;     // used when bytes is empty
   std::span<const std::byte> bytes;  // encoded payload
   double weight = 0.0;
+  /// Optional: ||v_t||^2 of every tensor of the layout, when the caller already
+  /// computed them while validating the payload (the syncer does). add_batch
+  /// then skips its norm pass for this element and trusts the payload as
+  /// checked (an int8/int4 payload is not scanned again).
+  std::span<const double> tensor_sq;
 };
 
 /// Drop-in for ddiloco::RadialDirectional (same MergeRule, same maths, same edge
@@ -228,9 +233,14 @@ struct RadialDirectional {
           throw InvalidArgument(ddiloco::detail::msg(name, "::add_batch: element ", k, " has weight = ", c.weight,
                                                      "; it must be finite and >= 0 (use 0 for an absent learner)"));
         }
+        if (!c.tensor_sq.empty() && c.tensor_sq.size() != layout_.size()) {
+          throw ShapeMismatch(ddiloco::detail::msg(name, "::add_batch: element ", k, " has ", c.tensor_sq.size(),
+                                                   " tensor norms but the layout has ", layout_.size(),
+                                                   " tensors; pass one squared norm per tensor, or none"));
+        }
         if (c.weight == 0.0) continue;
         items.push_back({floats ? c.values.data() : nullptr, floats ? nullptr : c.bytes.data(), c.codec, c.weight,
-                         nullptr, k});
+                         c.tensor_sq.empty() ? nullptr : c.tensor_sq.data(), k});
       }
       if (items.empty()) return;
       const std::size_t nt = layout_.size();
@@ -238,7 +248,8 @@ struct RadialDirectional {
       // every tensor's ||v_t||^2 (pass 1 done up front, before anything changes).
       std::vector<std::size_t> coded;
       for (std::size_t b = 0; b < items.size(); ++b) {
-        if (!items[b].values && (items[b].codec == Codec::int8 || items[b].codec == Codec::int4)) coded.push_back(b);
+        if (!items[b].values && !items[b].sq && (items[b].codec == Codec::int8 || items[b].codec == Codec::int4))
+          coded.push_back(b);
       }
       std::vector<double> coded_sq(coded.size() * nt, 0.0);
       for (std::size_t i = 0; i < coded.size(); ++i) {
