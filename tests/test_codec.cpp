@@ -258,6 +258,24 @@ TEST_CASE("all-zero blocks get scale 0 and decode to exact zeros next to non-zer
   }
 }
 
+TEST_CASE("blocks whose largest magnitude is below ~1e-38 (1/scale overflows) are sent as codes 0", "[codec]") {
+  // Before inverse_scale the codes were round(x * inf): an undefined float-to-int
+  // conversion. Now they are 0; a block just above the limit still quantises.
+  CHECK(ddiloco::detail::inverse_scale(0.0f) == 0.0f);
+  CHECK(ddiloco::detail::inverse_scale(1e-40f) == 0.0f);
+  CHECK(ddiloco::detail::inverse_scale(0.25f) == 4.0f);
+  for (Codec c : {Codec::int8, Codec::int4}) {
+    std::vector<float> x(128, 0.0f);
+    x[3] = 1e-39f, x[4] = -5e-40f;   // first block: scale 1e-39 / q, below 2^-128
+    x[70] = 1e-36f, x[71] = -1e-36f;  // second block: scale ~1e-37, inverse finite
+    const auto y = round_trip(c, x);
+    for (std::size_t i = 0; i < 64; ++i) CHECK(y[i] == 0.0f);
+    CHECK(y[70] > 0.0f);
+    CHECK(y[71] < 0.0f);
+    CHECK(std::fabs(y[70] - 1e-36f) <= 1e-42f);
+  }
+}
+
 TEST_CASE("every codec's measured error stays within the bound its format implies", "[codec]") {
   // Relative L2 errors measured here are listed at the top of this file.
   const std::size_t n = 100'000;

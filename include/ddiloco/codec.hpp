@@ -211,6 +211,15 @@ inline float block_scale(std::span<const float> x, float q_max, bool& finite) no
   return m / q_max;
 }
 
+/// 1 / s for a block scale s, or 0 when s is 0 or so small (below 2^-128, a
+/// block whose largest magnitude is under ~1e-38) that 1 / s overflows: such a
+/// block is sent as codes 0. With a finite inverse |x * inv| <= q_max (1 + 3 * 2^-24)
+/// for every x of the block, so the codes never need the clamp below.
+inline float inverse_scale(float s) noexcept {
+  const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+  return inv <= std::numeric_limits<float>::max() ? inv : 0.0f;
+}
+
 /// round_half_even(x * inv_scale) clamped to [-q_max, q_max]. |x * inv_scale| <= q_max
 /// (+ rounding) by construction, far below 2^22, where adding and subtracting
 /// 1.5 * 2^23 rounds to an integer in the default (to nearest, ties to even) mode:
@@ -242,7 +251,7 @@ void encode_blocks(std::span<const float> in, std::span<std::byte> out) {
                                 "check the outer gradient or send with fp32/bf16/fp16"));
     }
     store_u32(scales + 4 * b, std::bit_cast<std::uint32_t>(s));
-    const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+    const float inv = inverse_scale(s);
     if constexpr (QMax == 127) {
       for (std::size_t j = 0; j < len; ++j) {
         codes[lo + j] = static_cast<std::byte>(static_cast<std::uint8_t>(static_cast<std::int8_t>(quantise(block[j], inv, QMax))));
