@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstddef>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace fast = ddiloco::fast;
@@ -166,22 +167,158 @@ TEST_CASE("fast valid_encoding and decode_range reject what ddiloco::decode reje
 }
 
 TEST_CASE("fast snapshot_outer_gradient copies the snapshot and encodes base - local exactly like the reference",
-          "[fast][learner]") {
-  for (const Codec codec : ddiloco::all_codecs) {
-    for (const std::size_t n : kSizes) {
-      const auto local = random_vector(n, 41);
-      const auto base = random_vector(n, 42);
-      std::vector<float> v(n);
-      for (std::size_t i = 0; i < n; ++i) v[i] = base[i] - local[i];
-      const auto ref = ddiloco::encode(codec, v);
-      std::vector<float> new_base(n, 0.0f);
-      std::vector<std::byte> got(ddiloco::encoded_size(codec, n), std::byte{0xAB});
-      fast::snapshot_outer_gradient(codec, local, base, new_base, got);
-      INFO(ddiloco::to_string(codec) << " n = " << n);
-      CHECK(new_base == local);
+          "[fast][learner][isa]") {
+  for (const bool baseline : {true, false}) {
+    fast::use_baseline_kernels(baseline);
+    for (const Codec codec : ddiloco::all_codecs) {
+      for (const std::size_t n : kSizes) {
+        const auto local = random_vector(n, 41);
+        const auto base = random_vector(n, 42);
+        std::vector<float> v(n);
+        for (std::size_t i = 0; i < n; ++i) v[i] = base[i] - local[i];
+        const auto ref = ddiloco::encode(codec, v);
+        std::vector<float> new_base(n, 0.0f);
+        std::vector<std::byte> got(ddiloco::encoded_size(codec, n), std::byte{0xAB});
+        fast::snapshot_outer_gradient(codec, local, base, new_base, got);
+        INFO(ddiloco::to_string(codec) << " n = " << n << " baseline = " << baseline);
+        CHECK(new_base == local);
+        CHECK(got == ref);
+      }
+    }
+  }
+  fast::use_baseline_kernels(false);
+}
+
+TEST_CASE("fast int8 and int4 whole-block encoders quantise exactly like ddiloco::encode, both builds",
+          "[fast][learner][codec][isa]") {
+  // Blocks built to hit every branch of the quantiser: exact ties x * inv =
+  // k + 0.5 (round half to even: 0.5 -> 0, 1.5 -> 2, -2.5 -> -2), the block's
+  // largest magnitude negative or positive and at each lane, -0.0, an all-zero
+  // block (scale 0, codes 0), magnitudes from 1e-44 (subnormal scales, whose
+  // inverse overflows: codes 0) to 1e30, and random blocks.
+  // The encoders see base - local with local = 0, so v is exactly the block.
+  std::vector<std::vector<float>> blocks;
+  for (const float q : {7.0f, 127.0f}) {
+    // Largest magnitude q, so the scale is q / q_max = 1 for that codec; the
+    // other 63 values are ties t +- 0.5 with |t| <= q - 1.
+    const int qi = static_cast<int>(q);
+    std::vector<float> ties(64, q);
+    for (int j = 1; j < 64; ++j) {
+      const int t = (3 * j) % (2 * qi - 1) - (qi - 1);
+      ties[static_cast<std::size_t>(j)] = static_cast<float>(t) + (t >= 0 ? 0.5f : -0.5f);
+    }
+    blocks.push_back(ties);
+  }
+  for (std::size_t lane = 0; lane < 64; lane += 9) {
+    for (const float sign : {1.0f, -1.0f}) {
+      auto b = random_vector(64, static_cast<std::uint32_t>(lane) + 7);
+      for (float& x : b) x = std::clamp(x, -2.0f, 2.0f);
+      b[lane] = 3.0f * sign;
+      blocks.push_back(b);
+    }
+  }
+  blocks.push_back(std::vector<float>(64, 0.0f));
+  std::vector<float> signed_zero(64, -0.0f);
+  signed_zero[5] = 1e-3f;
+  blocks.push_back(signed_zero);
+  for (const float scale : {1e-30f, 1e-3f, 1.0f, 1e3f, 1e30f}) blocks.push_back(random_vector(64, 11, scale));
+  for (const float tiny : {1e-37f, 1e-38f, 1e-39f, 1e-44f}) {  // scale near and below 2^-128 (inverse_scale)
+    auto b = random_vector(64, 13, tiny / 3.0f);
+    b[17] = tiny;
+    blocks.push_back(b);
+  }
+  std::vector<float> v;
+  for (const auto& b : blocks) v.insert(v.end(), b.begin(), b.end());
+  const std::size_t n = v.size();
+  const std::vector<float> zero(n, 0.0f);
+  for (const Codec codec : {Codec::int8, Codec::int4}) {
+    const auto ref = ddiloco::encode(codec, v);
+    for (const bool baseline : {true, false}) {
+      fast::use_baseline_kernels(baseline);
+      std::vector<float> new_base(n);
+      std::vector<std::byte> got(ref.size(), std::byte{0xAB});
+      fast::snapshot_outer_gradient(codec, zero, v, new_base, got);  // v = v - 0
+      std::size_t first_diff = n;
+      for (std::size_t i = 0; i < got.size() && first_diff == n; ++i) first_diff = got[i] != ref[i] ? i : n;
+      INFO(ddiloco::to_string(codec) << " baseline = " << baseline << " first differing byte " << first_diff);
       CHECK(got == ref);
     }
   }
+  fast::use_baseline_kernels(false);
+}
+
+TEST_CASE("fast encode writes ddiloco::encode's bytes and throws its errors, both builds", "[fast][codec][isa]") {
+  for (const bool baseline : {true, false}) {
+    fast::use_baseline_kernels(baseline);
+    for (const Codec codec : ddiloco::all_codecs) {
+      for (const std::size_t n : kSizes) {
+        const auto x = random_vector(n, static_cast<std::uint32_t>(n) + 5, 3.0f);
+        std::vector<std::byte> got(ddiloco::encoded_size(codec, n), std::byte{0xCD});
+        fast::encode(codec, x, got);
+        INFO(ddiloco::to_string(codec) << " n = " << n << " baseline = " << baseline);
+        CHECK(got == ddiloco::encode(codec, x));
+      }
+    }
+    // A NaN in the third block of the second chunk: the reference's message, naming that block.
+    auto x = random_vector(2 * fast::kChunk, 3);
+    x[fast::kChunk + 130] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<std::byte> out(ddiloco::encoded_size(Codec::int4, x.size()));
+    std::string ref_what, got_what;
+    try {
+      ddiloco::encode(Codec::int4, x, out);
+    } catch (const ddiloco::InvalidArgument& e) {
+      ref_what = e.what();
+    }
+    try {
+      fast::encode(Codec::int4, x, out);
+    } catch (const ddiloco::InvalidArgument& e) {
+      got_what = e.what();
+    }
+    CHECK(got_what == ref_what);
+    CHECK(got_what.find("block 66") != std::string::npos);
+    std::vector<std::byte> short_out(out.size() - 1);
+    CHECK_THROWS_AS(fast::encode(Codec::int4, x, short_out), ddiloco::ShapeMismatch);
+  }
+  fast::use_baseline_kernels(false);
+}
+
+TEST_CASE("fast OuterGradientEncoder fed tensor by tensor writes the snapshot and encode(base - theta), both builds",
+          "[fast][learner][isa]") {
+  // A fragment of tensors whose boundaries fall inside quantisation blocks and
+  // across decode chunks (sizes 0, 1, 63, 4095, ...), some "staged" (theta
+  // already copied into next, as OuterLoop does for device tensors).
+  const std::size_t sizes[] = {0, 1, 63, 100, 4095, 2, 4097, 64, 0, 777};
+  std::size_t n = 0;
+  for (const std::size_t k : sizes) n += k;
+  const auto theta = random_vector(n, 71), base = random_vector(n, 72);
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = base[i] - theta[i];
+  for (const bool baseline : {true, false}) {
+    fast::use_baseline_kernels(baseline);
+    for (const Codec codec : ddiloco::all_codecs) {
+      std::vector<float> next(n, -1.0f);
+      std::vector<std::byte> got(ddiloco::encoded_size(codec, n), std::byte{0xAB});
+      fast::OuterGradientEncoder enc(codec, n, got);
+      std::size_t off = 0, k = 0;
+      for (const std::size_t len : sizes) {
+        if (k++ % 2 == 1) {  // staged: the snapshot is in next already
+          std::copy_n(theta.begin() + static_cast<std::ptrdiff_t>(off), len, next.begin() + static_cast<std::ptrdiff_t>(off));
+          enc.add(next.data() + off, base.data() + off, next.data() + off, len);
+        } else {
+          enc.add(theta.data() + off, base.data() + off, next.data() + off, len);
+        }
+        off += len;
+      }
+      INFO(ddiloco::to_string(codec) << " baseline = " << baseline);
+      CHECK(enc.done() == n);
+      CHECK(next == theta);
+      CHECK(got == ddiloco::encode(codec, v));
+      CHECK_THROWS_AS(enc.add(theta.data(), base.data(), next.data(), 1), ddiloco::InvalidArgument);  // one too many
+    }
+  }
+  fast::use_baseline_kernels(false);
+  std::vector<std::byte> short_out(ddiloco::encoded_size(Codec::int4, n) - 1);
+  CHECK_THROWS_AS(fast::OuterGradientEncoder(Codec::int4, n, short_out), ddiloco::ShapeMismatch);
 }
 
 TEST_CASE("fast snapshot_outer_gradient rejects wrong sizes and non-finite values for quantised codecs",

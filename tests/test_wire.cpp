@@ -146,6 +146,27 @@ TEST_CASE("crc32c matches the published check values and a bit-at-a-time referen
       REQUIRE((s ^ 0xFFFFFFFFU) == ref);
     }
   }
+  // Lengths around the hardware path's three-chain blocks (3 x 4096 bytes).
+  for (const std::size_t len : {12287, 12288, 12289, 24576 + 5, 100000}) {
+    Bytes buf(len);
+    for (auto& b : buf) b = static_cast<std::byte>(rng() & 0xFFU);
+    INFO("len = " << len);
+    const std::uint32_t ref = crc32c_reference(buf);
+    CHECK(crc32c(buf) == ref);
+    CHECK((ddiloco::detail::crc32c_update_portable(0xFFFFFFFFU, buf) ^ 0xFFFFFFFFU) == ref);
+  }
+}
+
+TEST_CASE("crc32c state shifts: update(s, A || zeros) is the product with x^(8n)", "[wire][checksum]") {
+  using namespace ddiloco::detail;
+  const Bytes zeros(1000, std::byte{0});
+  for (const std::uint32_t s : {0x12345678U, 0xFFFFFFFFU, 1U}) {
+    for (const std::size_t n : {0, 1, 7, 8, 999, 1000}) {
+      INFO("s = " << s << " n = " << n);
+      CHECK(crc32c_multiply(crc32c_x8n(n), s) == crc32c_update_portable(s, std::span<const std::byte>(zeros).first(n)));
+    }
+  }
+  static_assert(crc32c_x8n(0) == 0x80000000U);  // x^0
 }
 
 TEST_CASE("the frame header follows the documented little-endian layout", "[wire]") {
@@ -235,6 +256,40 @@ TEST_CASE("an error-feedback payload is framed as is and decodes to its dequanti
   ddiloco::decode(Codec::int4, bytes, expect);
   CHECK(*r.value().payload == expect);
   CHECK_THROWS_AS(ddiloco::encode_frame_with_payload(m, Codec::int4, 201, bytes), ddiloco::ShapeMismatch);
+}
+
+TEST_CASE("encode_frame_into writes encode_frame's bytes, from an fp32 payload or one the sender encoded", "[wire]") {
+  // Payload sizes around the 64 KiB checksum piece (16384 fp32 elements).
+  for (const Codec codec : ddiloco::all_codecs) {
+    for (const std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{16384}, std::size_t{16385}, std::size_t{40000}}) {
+      const Message m = sample(MessageType::contribution, n, static_cast<unsigned>(n) + 3);
+      const Bytes ref = ddiloco::encode_frame(m, codec);
+      INFO(ddiloco::to_string(codec) << " n = " << n);
+      REQUIRE(ddiloco::frame_size(m, codec) == ref.size());
+      Bytes into(ref.size(), std::byte{0xEE});
+      ddiloco::encode_frame_into(m, codec, into);
+      CHECK(into == ref);
+      // The same contribution handed over encoded (OuterLoop with a contribution codec).
+      Message e = m;
+      const auto bytes = n == 0 ? Bytes{} : ddiloco::encode(codec, *m.payload);
+      e.payload.reset();
+      e.encoded = ddiloco::EncodedPayload{codec, n, bytes, nullptr};
+      CHECK(ddiloco::frame_size(e, codec) == ref.size());
+      Bytes from_encoded(ref.size());
+      ddiloco::encode_frame_into(e, codec, from_encoded);
+      CHECK(from_encoded == ref);
+      const auto r = ddiloco::decode_frame(from_encoded);
+      REQUIRE(r.ok());
+    }
+  }
+  const Message m = sample(MessageType::contribution, 100);
+  Bytes small(ddiloco::frame_size(m, Codec::int4) - 1);
+  CHECK_THROWS_AS(ddiloco::encode_frame_into(m, Codec::int4, small), ddiloco::ShapeMismatch);
+  Message e = m;
+  const auto int8 = ddiloco::encode(Codec::int8, *m.payload);
+  e.payload.reset();
+  e.encoded = ddiloco::EncodedPayload{Codec::int8, 100, int8, nullptr};
+  CHECK_THROWS_AS(ddiloco::encode_frame(e, Codec::int4), ddiloco::InvalidArgument);  // encoded in another codec
 }
 
 TEST_CASE("decode_frame_view validates without decoding and points into the caller's buffer", "[wire]") {

@@ -259,17 +259,71 @@ inline FrameHeader header_of(const Message& m, Codec codec, std::size_t elements
 
 }  // namespace detail
 
-/// Frame of `m` with its payload encoded by `codec`. Throws InvalidArgument for a
-/// message no decoder would accept (negative counters, payload on a control
-/// message, non-finite values under int8/int4).
-inline std::vector<std::byte> encode_frame(const Message& m, Codec codec) {
+/// Bytes of the frame encode_frame(m, codec) writes: the header and the payload
+/// (m.payload encoded with `codec`, or m.encoded as it is).
+inline std::size_t frame_size(const Message& m, Codec codec) {
+  return kFrameHeaderSize + encoded_size(codec, m.payload_size());
+}
+
+/// encode_frame into `out` (exactly frame_size(m, codec) bytes, e.g. a buffer
+/// the transport owns, so the frame is written once and never zero-filled).
+/// The payload is m.payload encoded with `codec` (the fast kernels: the same
+/// bytes as ddiloco::encode), or m.encoded copied when the sender encoded it
+/// already (its codec must be `codec`; when its bytes are already at the
+/// payload's place in `out`, they stay there); the payload CRC is taken on each
+/// 64 KiB piece right after it is written, while it is in cache. Throws as
+/// encode_frame does, ShapeMismatch for a wrong `out` size, and InvalidArgument
+/// for an m.encoded in another codec or of the wrong size.
+inline void encode_frame_into(const Message& m, Codec codec, std::span<std::byte> out) {
   const std::size_t n = m.payload_size();
   FrameHeader h = detail::header_of(m, codec, n);
-  std::vector<std::byte> out(kFrameHeaderSize + h.payload_bytes);
-  const std::span<std::byte> payload(out.data() + kFrameHeaderSize, h.payload_bytes);
-  if (n != 0) encode(codec, std::span<const float>(*m.payload), payload);
-  h.payload_crc = detail::crc32c(payload);
+  if (out.size() != kFrameHeaderSize + h.payload_bytes) {
+    throw ShapeMismatch(detail::msg("encode_frame_into: the frame takes ", kFrameHeaderSize + h.payload_bytes,
+                                    " bytes but the buffer has ", out.size(), "; size it with frame_size()"));
+  }
+  std::byte* payload = out.data() + kFrameHeaderSize;
+  constexpr std::size_t kPiece = std::size_t{1} << 16;  // bytes copied or encoded, then checksummed
+  std::uint32_t crc = 0xFFFFFFFFU;
+  if (!m.payload && m.encoded) {
+    const EncodedPayload& e = *m.encoded;
+    if (e.codec != codec || e.bytes.size() != h.payload_bytes) {
+      throw InvalidArgument(detail::msg("encode_frame: the message's payload is already encoded in ",
+                                        to_string(e.codec), " (", e.bytes.size(), " bytes for ", e.elements,
+                                        " elements) but the frame is ", to_string(codec), " (", h.payload_bytes,
+                                        " bytes); encode it with the transport's codec"));
+    }
+    if (e.bytes.data() == payload) {  // written in place (a buffer the transport lent)
+      crc = detail::crc32c_update(crc, std::span<const std::byte>(payload, e.bytes.size()));
+    } else {
+      for (std::size_t lo = 0; lo < e.bytes.size(); lo += kPiece) {
+        const std::size_t len = std::min(kPiece, e.bytes.size() - lo);
+        std::memcpy(payload + lo, e.bytes.data() + lo, len);
+        crc = detail::crc32c_update(crc, std::span<const std::byte>(payload + lo, len));
+      }
+    }
+  } else if (n != 0 && codec == Codec::fp32) {
+    const float* x = m.payload->data();
+    constexpr std::size_t kFloats = kPiece / 4;
+    for (std::size_t lo = 0; lo < n; lo += kFloats) {
+      const std::size_t len = std::min(kFloats, n - lo);
+      fast::encode(codec, std::span<const float>(x + lo, len), std::span<std::byte>(payload + 4 * lo, 4 * len));
+      crc = detail::crc32c_update(crc, std::span<const std::byte>(payload + 4 * lo, 4 * len));
+    }
+  } else if (n != 0) {  // bf16 .. int4: block scales ahead of the codes, so encode it all, then checksum
+    fast::encode(codec, std::span<const float>(*m.payload), std::span<std::byte>(payload, h.payload_bytes));
+    crc = detail::crc32c_update(crc, std::span<const std::byte>(payload, h.payload_bytes));
+  }
+  h.payload_crc = crc ^ 0xFFFFFFFFU;
   detail::write_frame_header(std::span<std::byte, kFrameHeaderSize>(out.data(), kFrameHeaderSize), h);
+}
+
+/// Frame of `m` with its payload encoded by `codec` (or m.encoded, already in
+/// `codec`). Throws InvalidArgument for a message no decoder would accept
+/// (negative counters, payload on a control message, non-finite values under
+/// int8/int4).
+inline std::vector<std::byte> encode_frame(const Message& m, Codec codec) {
+  std::vector<std::byte> out(frame_size(m, codec));
+  encode_frame_into(m, codec, out);
   return out;
 }
 
@@ -284,11 +338,10 @@ inline std::vector<std::byte> encode_frame_with_payload(const Message& m, Codec 
                                     " take ", h.payload_bytes, " bytes but ", encoded.size(),
                                     " were given; encode them with encode(codec, ...)"));
   }
-  std::vector<std::byte> out(kFrameHeaderSize + encoded.size());
-  if (!encoded.empty()) std::memcpy(out.data() + kFrameHeaderSize, encoded.data(), encoded.size());
-  h.payload_crc = detail::crc32c(encoded);
-  detail::write_frame_header(std::span<std::byte, kFrameHeaderSize>(out.data(), kFrameHeaderSize), h);
-  return out;
+  Message e = m;  // the header fields; the payload is `encoded`
+  e.payload.reset();
+  e.encoded = EncodedPayload{codec, elements, encoded, nullptr};
+  return encode_frame(e, codec);
 }
 
 /// Validates every header field, the lengths and the payload checksum; does not

@@ -322,6 +322,101 @@ inline std::uint32_t int8_block_sq(const unsigned char* c, unsigned& bad) noexce
 #endif
 }
 
+// The learner's side of the same blocks: the largest magnitude of 64 floats and
+// their quantised codes. Same arithmetic as ddiloco::detail::block_scale and
+// quantise (see encode_range): the magnitude as its bit pattern (sign cleared;
+// the integer order of those patterns is the order of |x|, NaN and inf are the
+// patterns >= 0x7F800000), and round(x * inv) to nearest even by cvtps2dq (the
+// reference's add-and-subtract-1.5*2^23 in the default rounding mode), then
+// signed-saturating packs to 16 and 8 bits. No clamp: with inv from
+// inverse_scale, |x * inv| <= q (1 + 3 * 2^-24) rounds into [-q, q]. Codes of a
+// block with a NaN or inf are never sent (the caller throws), so only finite
+// blocks have to agree with the reference; they do, bit for bit.
+
+/// max_i (bits of x_i with the sign cleared) of x[0..len): a partial block.
+inline std::uint32_t absmax_bits(const float* __restrict__ x, std::size_t len) noexcept {
+  std::uint32_t m = 0;
+  for (std::size_t i = 0; i < len; ++i) {
+    std::uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    b &= 0x7FFFFFFFU;
+    m = b > m ? b : m;
+  }
+  return m;
+}
+
+/// The same over one whole block x[0..64).
+inline std::uint32_t block_absmax_bits(const float* __restrict__ x) noexcept {
+#if defined(__SSE2__)
+  const __m128i mask = _mm_set1_epi32(0x7FFFFFFF);
+  __m128i m[4];
+  for (int k = 0; k < 4; ++k) m[k] = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 4 * k)), mask);
+  for (int j = 1; j < 4; ++j) {
+    for (int k = 0; k < 4; ++k) {
+      const __m128i v = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 16 * j + 4 * k)), mask);
+      const __m128i gt = _mm_cmpgt_epi32(v, m[k]);  // signed compare: both are >= 0
+      m[k] = _mm_or_si128(_mm_and_si128(gt, v), _mm_andnot_si128(gt, m[k]));
+    }
+  }
+  alignas(16) std::uint32_t lanes[16];
+  for (int k = 0; k < 4; ++k) _mm_store_si128(reinterpret_cast<__m128i*>(lanes + 4 * k), m[k]);
+  std::uint32_t r = 0;
+  for (const std::uint32_t l : lanes) r = l > r ? l : r;
+  return r;
+#else
+  return absmax_bits(x, kQuantBlock);
+#endif
+}
+
+#if defined(__SSE2__)
+/// The codes of x[0..16) as 16 signed bytes: round(x * inv).
+inline __m128i quantise_x16(const float* __restrict__ x, __m128 inv) noexcept {
+  const __m128i a = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x), inv));
+  const __m128i b = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + 4), inv));
+  const __m128i c = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + 8), inv));
+  const __m128i d = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + 12), inv));
+  return _mm_packs_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, d));
+}
+/// Two codes per byte from 16 signed byte codes: read as 16-bit lanes
+/// (q_2k | q_2k+1 << 8), lane -> (lane & 0x0F) | ((lane >> 4) & 0xF0).
+inline __m128i pair_nibbles(__m128i q) noexcept {
+  return _mm_or_si128(_mm_and_si128(q, _mm_set1_epi16(0x000F)), _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi16(0x00F0)));
+}
+#endif
+
+/// Codes of one whole block x[0..64) for q_max = 7 (int4, 32 bytes at c: low
+/// nibble first) given inv = 1 / scale (0 for a zero block).
+inline void int4_block_encode(const float* __restrict__ x, float inv, unsigned char* __restrict__ c) noexcept {
+#if defined(__SSE2__)
+  const __m128 vi = _mm_set1_ps(inv);
+  for (int h = 0; h < 2; ++h) {
+    const __m128i q0 = pair_nibbles(quantise_x16(x + 32 * h, vi));
+    const __m128i q1 = pair_nibbles(quantise_x16(x + 32 * h + 16, vi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c + 16 * h), _mm_packus_epi16(q0, q1));
+  }
+#else
+  for (std::size_t j = 0; j < kQuantBlock / 2; ++j) {
+    const auto q0 = static_cast<unsigned>(ddiloco::detail::quantise(x[2 * j], inv, 7)) & 0xFU;
+    const auto q1 = static_cast<unsigned>(ddiloco::detail::quantise(x[2 * j + 1], inv, 7)) & 0xFU;
+    c[j] = static_cast<unsigned char>(q0 | (q1 << 4));
+  }
+#endif
+}
+
+/// Codes of one whole block x[0..64) for q_max = 127 (int8, 64 bytes at c).
+inline void int8_block_encode(const float* __restrict__ x, float inv, unsigned char* __restrict__ c) noexcept {
+#if defined(__SSE2__)
+  const __m128 vi = _mm_set1_ps(inv);
+  for (int k = 0; k < 4; ++k) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c + 16 * k), quantise_x16(x + 16 * k, vi));
+  }
+#else
+  for (std::size_t j = 0; j < kQuantBlock; ++j) {
+    c[j] = static_cast<unsigned char>(static_cast<signed char>(ddiloco::detail::quantise(x[j], inv, 127)));
+  }
+#endif
+}
+
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
 #define DDILOCO_FAST_HAVE_AVX2_BLOCKS 1
 // AVX2 versions of the four block kernels (the 256-bit byte-to-int32 widening,
@@ -394,6 +489,57 @@ __attribute__((target("avx2"))) inline std::uint32_t int8_block_sq_avx2(const un
   bad |= static_cast<unsigned>(_mm256_movemask_epi8(badv));
   return static_cast<std::uint32_t>(_mm_cvtsi128_si32(a));
 }
+
+__attribute__((target("avx2"))) inline std::uint32_t block_absmax_bits_avx2(const float* __restrict__ x) noexcept {
+  const __m256i mask = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256i m[2];
+  for (int k = 0; k < 2; ++k) m[k] = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * k)), mask);
+  for (int j = 2; j < 8; j += 2) {
+    for (int k = 0; k < 2; ++k) {
+      const __m256i v = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * (j + k))), mask);
+      m[k] = _mm256_max_epu32(m[k], v);
+    }
+  }
+  const __m256i m01 = _mm256_max_epu32(m[0], m[1]);
+  __m128i r = _mm_max_epu32(_mm256_castsi256_si128(m01), _mm256_extracti128_si256(m01, 1));
+  r = _mm_max_epu32(r, _mm_shuffle_epi32(r, 0x4E));
+  r = _mm_max_epu32(r, _mm_shuffle_epi32(r, 0xB1));
+  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(r));
+}
+
+/// The codes of x[0..32) as 32 signed bytes in element order (quantise_x16 in
+/// 256 bits; the in-lane packs leave groups of four in the order 0 2 4 6 1 3 5 7,
+/// which one cross-lane permute puts back).
+__attribute__((target("avx2"))) inline __m256i quantise_x32_avx2(const float* __restrict__ x, __m256 inv) noexcept {
+  const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inv));
+  const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), inv));
+  const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), inv));
+  const __m256i d = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), inv));
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+  return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+__attribute__((target("avx2"))) inline void int4_block_encode_avx2(const float* __restrict__ x, float inv,
+                                                                   unsigned char* __restrict__ c) noexcept {
+  const __m256 vi = _mm256_set1_ps(inv);
+  const __m256i low = _mm256_set1_epi16(0x000F), high = _mm256_set1_epi16(0x00F0);
+  __m256i n[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m256i v = quantise_x32_avx2(x + 32 * h, vi);
+    n[h] = _mm256_or_si256(_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), high));
+  }
+  // packus works per 128-bit lane: 64-bit quarters come out as n0.lo n1.lo n0.hi n1.hi.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(n[0], n[1]), 0xD8);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(c), packed);
+}
+
+__attribute__((target("avx2"))) inline void int8_block_encode_avx2(const float* __restrict__ x, float inv,
+                                                                   unsigned char* __restrict__ c) noexcept {
+  const __m256 vi = _mm256_set1_ps(inv);
+  for (int h = 0; h < 2; ++h) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 32 * h), quantise_x32_avx2(x + 32 * h, vi));
+  }
+}
 #endif
 
 /// The block kernels of one build: Avx2 = false the baseline ones.
@@ -407,6 +553,13 @@ struct BlockKernels {
   }
   static std::uint32_t int4_sq(const unsigned char* c, unsigned& bad) noexcept { return int4_block_sq(c, bad); }
   static std::uint32_t int8_sq(const unsigned char* c, unsigned& bad) noexcept { return int8_block_sq(c, bad); }
+  static std::uint32_t absmax(const float* __restrict__ x) noexcept { return block_absmax_bits(x); }
+  static void int4_encode(const float* __restrict__ x, float inv, unsigned char* __restrict__ c) noexcept {
+    int4_block_encode(x, inv, c);
+  }
+  static void int8_encode(const float* __restrict__ x, float inv, unsigned char* __restrict__ c) noexcept {
+    int8_block_encode(x, inv, c);
+  }
 };
 #ifdef DDILOCO_FAST_HAVE_AVX2_BLOCKS
 template <>
@@ -424,6 +577,17 @@ struct BlockKernels<true> {
   }
   __attribute__((target("avx2"))) static std::uint32_t int8_sq(const unsigned char* c, unsigned& bad) noexcept {
     return int8_block_sq_avx2(c, bad);
+  }
+  __attribute__((target("avx2"))) static std::uint32_t absmax(const float* __restrict__ x) noexcept {
+    return block_absmax_bits_avx2(x);
+  }
+  __attribute__((target("avx2"))) static void int4_encode(const float* __restrict__ x, float inv,
+                                                          unsigned char* __restrict__ c) noexcept {
+    int4_block_encode_avx2(x, inv, c);
+  }
+  __attribute__((target("avx2"))) static void int8_encode(const float* __restrict__ x, float inv,
+                                                          unsigned char* __restrict__ c) noexcept {
+    int8_block_encode_avx2(x, inv, c);
   }
 };
 #endif
@@ -749,34 +913,14 @@ inline bool valid_encoding(Codec codec, const std::byte* in, std::size_t n) noex
 // ---- learner side --------------------------------------------------------------
 
 namespace detail {
-/// max_i (bits of x_i with the sign cleared), in kLanes independent lanes.
-inline std::uint32_t absmax_bits(const float* __restrict__ x, std::size_t len) noexcept {
-  std::uint32_t lanes[kLanes] = {};
-  std::size_t i = 0;
-  for (; i + kLanes <= len; i += kLanes) {
-    for (std::size_t j = 0; j < kLanes; ++j) {
-      std::uint32_t b;
-      std::memcpy(&b, x + i + j, 4);
-      b &= 0x7FFFFFFFU;
-      lanes[j] = b > lanes[j] ? b : lanes[j];
-    }
-  }
-  std::uint32_t m = 0;
-  for (; i < len; ++i) {
-    std::uint32_t b;
-    std::memcpy(&b, x + i, 4);
-    b &= 0x7FFFFFFFU;
-    m = b > m ? b : m;
-  }
-  for (const std::uint32_t l : lanes) m = l > m ? l : m;
-  return m;
-}
 
 /// Encodes x[0..len) = elements [lo, lo + len) of an n-element vector into the
 /// matching bytes of `out` (the whole payload, encoded_size(codec, n) bytes);
 /// lo and len as for decode_range. Returns false on a non-finite value for int8/int4.
-inline bool encode_range(Codec codec, const float* __restrict__ x, std::size_t n, std::size_t lo,
-                         std::size_t len, std::byte* out) noexcept {
+/// Reference: ddiloco::encode (detail::encode_blocks).
+template <bool Avx2>
+[[gnu::always_inline]] inline bool encode_range_impl(Codec codec, const float* __restrict__ x, std::size_t n,
+                                                     std::size_t lo, std::size_t len, std::byte* out) noexcept {
   switch (codec) {
     case Codec::fp32:
       if constexpr (std::endian::native == std::endian::little) {
@@ -800,28 +944,28 @@ inline bool encode_range(Codec codec, const float* __restrict__ x, std::size_t n
   bool ok = true;
   for (std::size_t e = 0; e < len; e += kQuantBlock) {
     const std::size_t blen = std::min(kQuantBlock, len - e);
+    const bool whole = blen == kQuantBlock;
     const float* xb = x + e;
-    // max |x| as the largest magnitude bit pattern: for non-negative floats the
-    // integer order is the float order, and NaN/inf are the patterns >= 0x7F800000.
-    // Same value as ddiloco::detail::block_scale, but an integer max vectorises.
-    const std::uint32_t max_bits = detail::absmax_bits(xb, blen);
+    // max |x| as the largest magnitude bit pattern (see block_absmax_bits):
+    // same value as ddiloco::detail::block_scale, but an integer max vectorises.
+    const std::uint32_t max_bits = whole ? BlockKernels<Avx2>::absmax(xb) : detail::absmax_bits(xb, blen);
     ok &= max_bits < 0x7F800000U;
     const float s = std::bit_cast<float>(max_bits) / static_cast<float>(q_max);
     ddiloco::detail::store_u32(out + 4 * ((lo + e) / kQuantBlock), std::bit_cast<std::uint32_t>(s));
-    const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+    const float inv = ddiloco::detail::inverse_scale(s);
     if (codec == Codec::int8) {
       unsigned char* c = codes + lo + e;
-      for (std::size_t j = 0; j < blen; ++j) {
-        c[j] = static_cast<unsigned char>(static_cast<signed char>(ddiloco::detail::quantise(xb[j], inv, q_max)));
+      if (whole) {
+        BlockKernels<Avx2>::int8_encode(xb, inv, c);
+      } else {
+        for (std::size_t j = 0; j < blen; ++j) {
+          c[j] = static_cast<unsigned char>(static_cast<signed char>(ddiloco::detail::quantise(xb[j], inv, q_max)));
+        }
       }
     } else {
       unsigned char* c = codes + (lo + e) / 2;
-      if (blen == kQuantBlock) {
-        for (std::size_t j = 0; j < kQuantBlock / 2; ++j) {
-          const auto q0 = static_cast<unsigned>(ddiloco::detail::quantise(xb[2 * j], inv, q_max)) & 0xFU;
-          const auto q1 = static_cast<unsigned>(ddiloco::detail::quantise(xb[2 * j + 1], inv, q_max)) & 0xFU;
-          c[j] = static_cast<unsigned char>(q0 | (q1 << 4));
-        }
+      if (whole) {
+        BlockKernels<Avx2>::int4_encode(xb, inv, c);
       } else {
         for (std::size_t j = 0; j < blen; j += 2) {
           const auto q0 = static_cast<unsigned>(ddiloco::detail::quantise(xb[j], inv, q_max)) & 0xFU;
@@ -833,7 +977,138 @@ inline bool encode_range(Codec codec, const float* __restrict__ x, std::size_t n
   }
   return ok;
 }
+
+/// The learner's per-element step: next_i = theta_i (the snapshot that becomes
+/// the next base) and v_i = base_i - theta_i (the outer gradient).
+[[gnu::always_inline]] inline void snapshot_difference_impl(const float* __restrict__ theta,
+                                                            const float* __restrict__ base, float* __restrict__ next,
+                                                            float* __restrict__ v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = theta[i];
+    next[i] = x;
+    v[i] = base[i] - x;
+  }
+}
+/// v_i = base_i - next_i, for a snapshot already in `next` (a staged tensor).
+[[gnu::always_inline]] inline void difference_impl(const float* __restrict__ base, const float* __restrict__ next,
+                                                   float* __restrict__ v, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) v[i] = base[i] - next[i];
+}
+inline void snapshot_difference_base(const float* __restrict__ theta, const float* __restrict__ base,
+                                     float* __restrict__ next, float* __restrict__ v, std::size_t n) noexcept {
+  snapshot_difference_impl(theta, base, next, v, n);
+}
+inline void difference_base(const float* __restrict__ base, const float* __restrict__ next, float* __restrict__ v,
+                            std::size_t n) noexcept {
+  difference_impl(base, next, v, n);
+}
+inline bool encode_range_base(Codec codec, const float* __restrict__ x, std::size_t n, std::size_t lo,
+                              std::size_t len, std::byte* out) noexcept {
+  return encode_range_impl<false>(codec, x, n, lo, len, out);
+}
+#ifdef DDILOCO_FAST_HAVE_AVX2_BLOCKS
+__attribute__((target("avx2"))) inline bool encode_range_avx2(Codec codec, const float* __restrict__ x, std::size_t n,
+                                                              std::size_t lo, std::size_t len, std::byte* out) noexcept {
+  return encode_range_impl<true>(codec, x, n, lo, len, out);
+}
+__attribute__((target("avx2"))) inline void snapshot_difference_avx2(const float* __restrict__ theta,
+                                                                     const float* __restrict__ base,
+                                                                     float* __restrict__ next, float* __restrict__ v,
+                                                                     std::size_t n) noexcept {
+  snapshot_difference_impl(theta, base, next, v, n);
+}
+__attribute__((target("avx2"))) inline void difference_avx2(const float* __restrict__ base,
+                                                            const float* __restrict__ next, float* __restrict__ v,
+                                                            std::size_t n) noexcept {
+  difference_impl(base, next, v, n);
+}
+#endif
 }  // namespace detail
+
+/// encode_range of the build in use (see use_baseline_kernels): encodes
+/// x[0..len) = elements [lo, lo + len) of an n-element vector into the matching
+/// bytes of the whole payload `out` (encoded_size(codec, n) bytes). lo must be
+/// a multiple of kQuantBlock and lo + len either n or a multiple of kQuantBlock.
+/// Returns false on a NaN or infinity under int8/int4.
+inline bool encode_range(Codec codec, const float* __restrict__ x, std::size_t n, std::size_t lo, std::size_t len,
+                         std::byte* out) noexcept {
+#ifdef DDILOCO_FAST_HAVE_AVX2_BLOCKS
+  if (detail::avx2_enabled()) return detail::encode_range_avx2(codec, x, n, lo, len, out);
+#endif
+  return detail::encode_range_base(codec, x, n, lo, len, out);
+}
+
+/// The learner's due step (algorithm.md 3, step 3) over a fragment made of
+/// several tensors, in one pass over memory: the caller feeds the fragment's
+/// tensors in fragment order, and for each element
+///     next_i = theta_i            (the snapshot that becomes the next base)
+///     v_i    = base_i - theta_i   (the outer gradient, never stored whole)
+/// while every kChunk elements of v are encoded into `out` as soon as they are
+/// complete (v lives in a kChunk-element buffer inside this object).
+/// Reference: the copy and subtraction of OuterLoop's reference path +
+/// ddiloco::encode; tests/test_fast_kernels.cpp checks the bytes are equal.
+class OuterGradientEncoder {
+ public:
+  /// `out` must hold encoded_size(codec, n) bytes (ShapeMismatch otherwise).
+  OuterGradientEncoder(Codec codec, std::size_t n, std::span<std::byte> out) : codec_(codec), n_(n), out_(out) {
+    if (out.size() != encoded_size(codec, n)) {
+      throw ShapeMismatch(ddiloco::detail::msg("fast::OuterGradientEncoder: ", n, " elements in ", to_string(codec),
+                                               " take ", encoded_size(codec, n), " bytes but the output has ",
+                                               out.size(), "; size it with encoded_size()"));
+    }
+  }
+  OuterGradientEncoder(const OuterGradientEncoder&) = delete;
+  OuterGradientEncoder& operator=(const OuterGradientEncoder&) = delete;
+
+  /// The next `len` elements. theta may equal next (a snapshot already copied
+  /// there); otherwise the three ranges must not overlap. Throws InvalidArgument
+  /// when int8/int4 meet a NaN or infinity, and when more than n elements come.
+  void add(const float* theta, const float* base, float* next, std::size_t len) {
+    if (len > n_ - done_) {
+      throw InvalidArgument(ddiloco::detail::msg("fast::OuterGradientEncoder: ", done_ + len, " elements given for ",
+                                                 n_, "; feed exactly the fragment's tensors"));
+    }
+    while (len != 0) {
+      const std::size_t k = std::min(len, kChunk - fill_);
+      float* v = v_ + fill_;
+      const bool staged = theta == next;
+#ifdef DDILOCO_FAST_HAVE_AVX2_BLOCKS
+      if (detail::avx2_enabled()) {
+        staged ? detail::difference_avx2(base, next, v, k) : detail::snapshot_difference_avx2(theta, base, next, v, k);
+      } else {
+        staged ? detail::difference_base(base, next, v, k) : detail::snapshot_difference_base(theta, base, next, v, k);
+      }
+#else
+      staged ? detail::difference_base(base, next, v, k) : detail::snapshot_difference_base(theta, base, next, v, k);
+#endif
+      theta += k, base += k, next += k, len -= k;
+      fill_ += k, done_ += k;
+      if (fill_ == kChunk || done_ == n_) flush();
+    }
+  }
+
+  /// Elements given so far; the payload is complete when this is n.
+  [[nodiscard]] std::size_t done() const noexcept { return done_; }
+
+ private:
+  void flush() {
+    const std::size_t lo = done_ - fill_;
+    if (!encode_range(codec_, v_, n_, lo, fill_, out_.data())) {
+      throw InvalidArgument(ddiloco::detail::msg("fast::OuterGradientEncoder(", to_string(codec_), "): elements ", lo,
+                                                 "..", done_ - 1,
+                                                 " of the outer gradient hold a NaN or infinity; quantised "
+                                                 "codecs need finite values; check the parameters"));
+    }
+    fill_ = 0;
+  }
+
+  Codec codec_;
+  std::size_t n_;
+  std::span<std::byte> out_;
+  std::size_t done_ = 0;
+  std::size_t fill_ = 0;
+  alignas(64) float v_[kChunk];
+};
 
 /// The learner's due step in one pass over memory (algorithm.md 3, step 3):
 ///     new_base_i = local_i            (the snapshot that becomes the next base)
@@ -853,22 +1128,25 @@ inline void snapshot_outer_gradient(Codec codec, std::span<const float> local, s
                                              " bytes (need ", encoded_size(codec, n),
                                              "); pass one fragment's buffers sized with encoded_size()"));
   }
-  alignas(64) float v[kChunk];
+  OuterGradientEncoder enc(codec, n, out);
+  enc.add(local.data(), base.data(), new_base.data(), n);
+}
+
+/// ddiloco::encode with the block kernels (the learner's send path:
+/// wire::encode_frame): the same bytes, the same errors (ShapeMismatch for a
+/// wrong output size; InvalidArgument naming the block for a NaN or infinity
+/// under int8/int4, raised by the reference, which re-runs only in that case).
+inline void encode(Codec codec, std::span<const float> in, std::span<std::byte> out) {
+  const std::size_t n = in.size();
+  if (out.size() != encoded_size(codec, n)) {
+    ddiloco::encode(codec, in, out);  // throws its ShapeMismatch
+    return;
+  }
   for (std::size_t lo = 0; lo < n; lo += kChunk) {
     const std::size_t len = std::min(kChunk, n - lo);
-    const float* __restrict__ l = local.data() + lo;
-    const float* __restrict__ bs = base.data() + lo;
-    float* __restrict__ nb = new_base.data() + lo;
-    for (std::size_t i = 0; i < len; ++i) {
-      const float x = l[i];
-      nb[i] = x;
-      v[i] = bs[i] - x;
-    }
-    if (!detail::encode_range(codec, v, n, lo, len, out.data())) {
-      throw InvalidArgument(ddiloco::detail::msg("fast::snapshot_outer_gradient(", to_string(codec),
-                                                 "): elements ", lo, "..", lo + len - 1,
-                                                 " of the outer gradient hold a NaN or infinity; quantised "
-                                                 "codecs need finite values; check the parameters"));
+    if (!encode_range(codec, in.data() + lo, n, lo, len, out.data())) {
+      ddiloco::encode(codec, in, out);  // throws InvalidArgument naming the first bad block
+      return;
     }
   }
 }
