@@ -26,6 +26,7 @@
 // (scripts/bench.sh does).
 #include <ddiloco/clock.hpp>
 #include <ddiloco/codec.hpp>
+#include <ddiloco/detail/frame_pool.hpp>
 #include <ddiloco/fast/kernels.hpp>
 #include <ddiloco/fast/merge.hpp>
 #include <ddiloco/fragmenter.hpp>
@@ -35,6 +36,7 @@
 #include <ddiloco/outer_optimizer.hpp>
 #include <ddiloco/syncer.hpp>
 #include <ddiloco/transport/in_process.hpp>
+#include <ddiloco/wire.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -45,6 +47,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -326,10 +329,12 @@ void BM_RooflinePair(benchmark::State& state) {
 /// The due step: snapshot (copy) + outer gradient + encode, fused. Each
 /// iteration also times a memcpy of the same n floats just before, so the
 /// `vs_memcpy` counter compares the two under the same background load.
+/// Arguments {log2 n, baseline}: baseline = 1 runs the SSE2 build of the kernels.
 template <Codec C>
 void BM_LearnerDueFast(benchmark::State& state) {
   using Clock = std::chrono::steady_clock;
   const auto n = std::size_t{1} << state.range(0);
+  fast::use_baseline_kernels(state.range(1) == 1);
   const auto local = lcg_vector(n, 1), base = lcg_vector(n, 2);
   std::vector<float> new_base(n), copy(n);
   std::vector<std::byte> out(ddiloco::encoded_size(C, n));
@@ -354,6 +359,7 @@ void BM_LearnerDueFast(benchmark::State& state) {
   state.counters["memcpy_Bps"] = memcpy_bw;
   state.counters["due_s"] = due_s / it;
   state.counters["vs_memcpy"] = due_bw / memcpy_bw;
+  fast::use_baseline_kernels(false);
 }
 
 /// The same as OuterLoop::send_fragment + transport encode do it today: copy,
@@ -375,6 +381,28 @@ void BM_LearnerDueReference(benchmark::State& state) {
   set_rates(state, 12 * n + out.size(), n);
 }
 
+/// Joins `outer` (over the in-process network `net`, learner side) to a syncer
+/// on `plan`, as the learner-step benchmarks need before they time anything.
+template <class Outer, class Params>
+bool join_syncer(const ddiloco::Plan& plan, ddiloco::InProcessNetwork& net, const ddiloco::Clock& clock, Outer& outer,
+                 Params& params) {
+  auto link = net.syncer();
+  ddiloco::SyncerConfig sc;
+  sc.quorum.min_quorum = 1;
+  ddiloco::Syncer<ddiloco::WeightedAverage, ddiloco::AverageOnly, ddiloco::UniformWeights> syncer(
+      plan, std::vector<float>(plan.total_numel(), 0.5f), clock, sc);
+  outer.begin_join(params);
+  ddiloco::Outbox out;
+  for (int i = 0; i < 16 && !outer.poll_join(params); ++i) {
+    while (auto msg = link.try_receive()) {
+      syncer.handle(*msg, out);
+      for (auto& o : out) link.send_to(o.to, std::move(o.message));
+      out.clear();
+    }
+  }
+  return outer.poll_join(params);
+}
+
 /// OuterLoop::step() with no fragment due, P = 24 fragments of 24 tensors,
 /// over the in-process transport on a virtual clock (time never moves, so no
 /// heartbeat is due either). H = 24 * 2^16: the first send is at step 2^16,
@@ -391,27 +419,13 @@ void BM_LearnerStepNothingDue(benchmark::State& state) {
   const ddiloco::Plan plan = ddiloco::make_plan(specs, kP);
   ddiloco::VirtualClock clock;
   ddiloco::InProcessNetwork net(clock);
-  auto link = net.syncer();
-  ddiloco::SyncerConfig sc;
-  sc.quorum.min_quorum = 1;
-  ddiloco::Syncer<ddiloco::WeightedAverage, ddiloco::AverageOnly, ddiloco::UniformWeights> syncer(
-      plan, Flat(plan.total_numel(), 0.5f), clock, sc);
   auto lt = net.learner(1);
   ddiloco::OuterLoopConfig lc;
   lc.id = 1;
   lc.sync_every = kP << 16;
   ddiloco::OuterLoop<ddiloco::InProcessLearnerTransport, Flat> outer(plan, lt, lc);
   std::vector<Flat> params(kP, Flat(1024, 0.0f));
-  outer.begin_join(params);
-  ddiloco::Outbox out;
-  for (int i = 0; i < 16 && !outer.poll_join(params); ++i) {
-    while (auto msg = link.try_receive()) {
-      syncer.handle(*msg, out);
-      for (auto& o : out) link.send_to(o.to, std::move(o.message));
-      out.clear();
-    }
-  }
-  if (!outer.poll_join(params)) {
+  if (!join_syncer(plan, net, clock, outer, params)) {
     state.SkipWithError("the learner did not join");
     return;
   }
@@ -422,6 +436,116 @@ void BM_LearnerStepNothingDue(benchmark::State& state) {
   }
   state.counters["sent"] = static_cast<double>(sent);
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
+/// The learner side of ZmqLearnerTransport without the socket, framing as it
+/// does: frame buffers from a FramePool, the payload encoded by OuterLoop
+/// straight into the lent frame (contribution_buffer), encode_frame_into for
+/// the header and CRC32C; the frame is then dropped, as if ZeroMQ had put it on
+/// the wire at once (its buffer goes back to the pool). Everything else goes
+/// over the in-process network. Without `encoding` it offers no codec: OuterLoop
+/// sends fp32 and the frame encodes it (the path before issue 6's learner work,
+/// less the zero-filled buffers it also had).
+struct FramingTransport {
+  explicit FramingTransport(ddiloco::InProcessLearnerTransport t) : inner(std::move(t)) {}
+  ddiloco::InProcessLearnerTransport inner;
+  Codec codec = Codec::fp32;
+  bool encoding = true;
+  std::shared_ptr<ddiloco::detail::FramePool> pool = std::make_shared<ddiloco::detail::FramePool>();
+  std::weak_ptr<ddiloco::detail::FrameBlock> lent;
+  std::size_t frame_bytes = 0;
+
+  [[nodiscard]] std::optional<Codec> contribution_codec() const noexcept {
+    return encoding ? std::optional<Codec>(codec) : std::nullopt;
+  }
+  ddiloco::OutgoingPayload contribution_buffer(std::size_t bytes) {
+    auto block = pool->acquire(ddiloco::kFrameHeaderSize + bytes);
+    lent = block;
+    return {std::span<std::byte>(block->data.get() + ddiloco::kFrameHeaderSize, bytes), std::move(block)};
+  }
+  bool send(ddiloco::Message&& m) {
+    if (m.type != ddiloco::MessageType::contribution) return inner.send(std::move(m));
+    frame_bytes = ddiloco::frame_size(m, codec);
+    auto frame = lent.lock();
+    if (!frame || frame->size != frame_bytes) frame = pool->acquire(frame_bytes);
+    ddiloco::encode_frame_into(m, codec, std::span<std::byte>(frame->data.get(), frame_bytes));
+    benchmark::DoNotOptimize(frame->data.get());
+    return true;
+  }
+  std::optional<ddiloco::Message> try_receive() { return inner.try_receive(); }
+  std::optional<ddiloco::Message> receive_until(ddiloco::TimePoint d) { return inner.receive_until(d); }
+  [[nodiscard]] bool failed() const { return inner.failed(); }
+  [[nodiscard]] const ddiloco::Clock& clock() const noexcept { return inner.clock(); }
+};
+
+/// The due step as a user's trainer pays for it: OuterLoop::step() with the one
+/// fragment (16 tensors, 2^log2n elements in all) due at every step, through
+/// a transport that frames the contribution as the ZeroMQ transport does.
+/// Each iteration first times a memcpy of the same n floats (vs_memcpy as in
+/// BM_LearnerDueFast; the same bytes counted: 12n + the encoded payload).
+/// Arguments {log2 n, encoding}: encoding = 0 is the path without a
+/// contribution codec (fp32 outer gradient, encoded when framed).
+template <Codec C>
+void BM_LearnerSendPath(benchmark::State& state) {
+  using Clock = std::chrono::steady_clock;
+  using Flat = std::vector<float>;
+  const auto n = std::size_t{1} << state.range(0);
+  constexpr std::size_t kTensors = 16;
+  std::vector<ddiloco::TensorSpec> specs;
+  for (std::size_t t = 0; t < kTensors; ++t) {
+    std::string name = std::to_string(t);
+    name.insert(name.begin(), 'w');
+    specs.push_back({name, n / kTensors, false});
+  }
+  const ddiloco::Plan plan = ddiloco::make_plan(specs, 1);
+  ddiloco::VirtualClock clock;
+  ddiloco::InProcessNetwork net(clock);
+  FramingTransport tr{net.learner(1)};
+  tr.codec = C;
+  tr.encoding = state.range(1) == 1;
+  ddiloco::OuterLoopConfig lc;
+  lc.id = 1;
+  lc.sync_every = 1;
+  lc.overlap = 0;  // tau < H = 1: every step sends (results never come: the frames are dropped)
+  ddiloco::OuterLoop<FramingTransport, Flat> outer(plan, tr, lc);
+  std::vector<Flat> params(kTensors, Flat(n / kTensors, 0.0f));
+  if (!join_syncer(plan, net, clock, outer, params)) {
+    state.SkipWithError("the learner did not join");
+    return;
+  }
+  const auto src = lcg_vector(n, 1);
+  Flat copy(n);
+  double memcpy_s = 0.0, due_s = 0.0;
+  std::size_t sent = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (std::size_t t = 0; t < kTensors; ++t) {  // a training step moved every parameter
+      std::copy_n(src.begin() + static_cast<std::ptrdiff_t>(t * (n / kTensors)), n / kTensors, params[t].begin());
+    }
+    state.ResumeTiming();
+    const auto t0 = Clock::now();
+    std::memcpy(copy.data(), src.data(), 4 * n);
+    benchmark::DoNotOptimize(copy.data());
+    benchmark::ClobberMemory();
+    const auto t1 = Clock::now();
+    sent += outer.step(params, 1).sent ? 1 : 0;
+    benchmark::ClobberMemory();
+    const auto t2 = Clock::now();
+    memcpy_s += std::chrono::duration<double>(t1 - t0).count();
+    due_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  if (sent != static_cast<std::size_t>(state.iterations())) {
+    state.SkipWithError("a step did not send its fragment");
+    return;
+  }
+  const auto it = static_cast<double>(state.iterations());
+  const double due_bw = static_cast<double>(12 * n + ddiloco::encoded_size(C, n)) * it / due_s;
+  const double memcpy_bw = 8.0 * static_cast<double>(n) * it / memcpy_s;
+  state.counters["due_Bps"] = due_bw;
+  state.counters["memcpy_Bps"] = memcpy_bw;
+  state.counters["due_s"] = due_s / it;
+  state.counters["vs_memcpy"] = due_bw / memcpy_bw;
+  state.counters["frame_bytes"] = static_cast<double>(tr.frame_bytes);
 }
 
 // Arguments: {log2 n, M, threads}.
@@ -460,10 +584,12 @@ BENCHMARK_TEMPLATE(BM_ReferenceRound, Codec::fp32)->Args({24, 8, 1})->Unit(bench
 BENCHMARK_TEMPLATE(BM_ReferenceRound, Codec::int4)->Args({24, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_FastRound, Codec::fp32)->Name("BM_FastRound<fp32>/size")->Apply(size_scaling);
 BENCHMARK_TEMPLATE(BM_FastRound, Codec::fp32)->Name("BM_FastRound<fp32>/learners")->Apply(m_scaling);
-BENCHMARK_TEMPLATE(BM_LearnerDueFast, Codec::fp32)->Arg(24)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_TEMPLATE(BM_LearnerDueFast, Codec::int4)->Arg(24)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_LearnerDueFast, Codec::fp32)->Args({24, 0})->Args({24, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_LearnerDueFast, Codec::int4)->Args({24, 0})->Args({24, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_LearnerDueReference, Codec::fp32)->Arg(24)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_LearnerDueReference, Codec::int4)->Arg(24)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_LearnerSendPath, Codec::fp32)->Args({24, 1})->Args({24, 0})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_LearnerSendPath, Codec::int4)->Args({24, 1})->Args({24, 0})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_LearnerStepNothingDue)->Iterations(60000)->Unit(benchmark::kNanosecond);
 
 BENCHMARK_MAIN();

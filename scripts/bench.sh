@@ -171,11 +171,20 @@ for label, r in (("PyTorch fp32 peer / ddiloco batched fp32", pair_ratios),
     rows.append((f"{label}, run alternately 3 times, 1 thread", "", "", f"{r[1]:.2f}", "median of 3 pairwise time ratios: " + ", ".join(f"{x:.2f}" for x in r)))
 due = {}
 for c in ("fp32", "int4"):
-    b = get(f"BM_LearnerDueFast<Codec::{c}>/24/real_time")
-    due[c] = b["vs_memcpy"]
-    rows.append((f"learner due step {c} (copy + outer gradient + encode), fused", f'{b["due_s"] * 1e3:.1f} ms',
-                 f'{b["due_Bps"] / 1e9:.2f}', f'{b["vs_memcpy"]:.2f}', f'vs memcpy timed alternately: {b["memcpy_Bps"] / 1e9:.2f} GB/s'))
-due_fp32, due_int4 = due["fp32"], due["int4"]
+    for base, build_name in ((0, "AVX2 build"), (1, "SSE2 baseline build")):
+        b = get(f"BM_LearnerDueFast<Codec::{c}>/24/{base}/real_time")
+        due[(c, base)] = b["vs_memcpy"]
+        rows.append((f"learner due step {c} (copy + outer gradient + encode), fused, {build_name}", f'{b["due_s"] * 1e3:.1f} ms',
+                     f'{b["due_Bps"] / 1e9:.2f}', f'{b["vs_memcpy"]:.2f}', f'vs memcpy timed alternately: {b["memcpy_Bps"] / 1e9:.2f} GB/s'))
+due_fp32, due_int4 = due[("fp32", 0)], due[("int4", 0)]
+send_path = {}
+for c in ("fp32", "int4"):
+    for enc, what in ((1, "OuterLoop::step encoding into the lent frame + header/CRC (ZeroMQ learner path, no socket)"),
+                      (0, "OuterLoop::step with fp32 payload, encoded when framed (transport without a contribution codec)")):
+        b = get(f"BM_LearnerSendPath<Codec::{c}>/24/{enc}/real_time")
+        send_path[(c, enc)] = b["vs_memcpy"]
+        rows.append((f"learner send path {c}: {what}", f'{b["due_s"] * 1e3:.1f} ms',
+                     f'{b["due_Bps"] / 1e9:.2f}', f'{b["vs_memcpy"]:.2f}', f'vs memcpy timed alternately: {b["memcpy_Bps"] / 1e9:.2f} GB/s'))
 row("learner due step fp32, reference (copy, subtract, encode)", get("BM_LearnerDueReference<Codec::fp32>/24/real_time"), memcpy, "vs memcpy")
 row("learner due step int4, reference", get("BM_LearnerDueReference<Codec::int4>/24/real_time"), memcpy, "vs memcpy")
 nodue = get("BM_LearnerStepNothingDue/iterations:60000")
@@ -228,6 +237,9 @@ results.update({
     "learner_no_due_step_seconds": nodue_s,
     "learner_no_due_step_cpu_seconds": cpu_seconds(nodue),
     "learner_due_step_vs_memcpy": {"fp32": due_fp32, "int4": due_int4},
+    "learner_due_step_vs_memcpy_baseline_build": {"fp32": due[("fp32", 1)], "int4": due[("int4", 1)]},
+    "learner_send_path_vs_memcpy": {"fp32": send_path[("fp32", 1)], "int4": send_path[("int4", 1)]},
+    "learner_send_path_vs_memcpy_fp32_payload": {"fp32": send_path[("fp32", 0)], "int4": send_path[("int4", 0)]},
     "fragmenter_1e6_tensors_seconds": frag_s,
     "scaling_fragment_size": [{"log2n": a, "seconds": b, "bytes_per_second": c, "cpu_seconds": d} for a, b, c, d in scaling_n],
     "scaling_learners": [{"M": a, "seconds": b, "bytes_per_second": c, "cpu_seconds": d} for a, b, c, d in scaling_m],
@@ -244,7 +256,9 @@ md += ["", f"Headline (M = 8, 2^24 elements, one thread): syncer_roofline_ratio 
        f"syncer_vs_pytorch = {pair_ratios[1]:.2f}x (batched fp32, pairwise; separate runs {vs_torch_batch[1]:.2f}x, two threads {vs_torch_batch[2]:.2f}x); "
        f"syncer_vs_pytorch_int4 = {pair_ratios_int4[1]:.2f}x (batched int4 vs the int4 peer, pairwise; separate runs {vs_torch_batch_int4[1]:.2f}x, two threads {vs_torch_batch_int4[2]:.2f}x); "
        f"syncer_vs_pytorch_streaming = {pair_ratios_streaming[1]:.2f}x (pairwise; separate runs {vs_torch[1]:.2f}x wall clock, {results['syncer_vs_pytorch_cpu_time']:.2f}x CPU time; two threads {vs_torch[2]:.2f}x); "
-       f"syncer_roofline_ratio_batched = {results['syncer_roofline_ratio_batched']:.2f} (int4 {results['syncer_roofline_ratio_batched_int4']:.2f}).", ""]
+       f"syncer_roofline_ratio_batched = {results['syncer_roofline_ratio_batched']:.2f} (int4 {results['syncer_roofline_ratio_batched_int4']:.2f}); "
+       f"learner due step = {due_fp32:.2f}x memcpy (int4 {due_int4:.2f}x), the whole send path through OuterLoop and the frame = "
+       f"{send_path[('fp32', 1)]:.2f}x (int4 {send_path[('int4', 1)]:.2f}x).", ""]
 md += ["| log2 n (M = 8, 1 thread) | median time | CPU time | GB/s | GB/s by CPU time |", "|---|---|---|---|---|"]
 md += [f"| {a} | {b * 1e3:.2f} ms | {d * 1e3:.2f} ms | {c / 1e9:.2f} | {c * b / d / 1e9:.2f} |" for a, b, c, d in scaling_n]
 md += ["", "| M (n = 2^20, 1 thread) | median time | CPU time | CPU time / M | GB/s by CPU time |", "|---|---|---|---|---|"]

@@ -747,3 +747,121 @@ TEMPLATE_TEST_CASE("Join, inner steps and applied globals give the same values f
   CHECK(outer.base_version(0) == 1);
   CHECK(outer.base_version(1) == 1);
 }
+
+// ---- contributions encoded by the learner ------------------------------------------
+
+namespace {
+/// The in-process transport plus the optional contribution_codec() (as
+/// ZmqLearnerTransport has it): OuterLoop then sends Message::encoded.
+struct EncodingTransport {
+  InProcessLearnerTransport inner;
+  std::optional<Codec> codec;
+  std::vector<const std::byte*> sent_buffers;  ///< bytes.data() of each contribution sent
+
+  [[nodiscard]] std::optional<Codec> contribution_codec() const noexcept { return codec; }
+  bool send(Message&& m) {
+    if (m.type == MessageType::contribution && m.encoded) sent_buffers.push_back(m.encoded->bytes.data());
+    return inner.send(std::move(m));
+  }
+  std::optional<Message> try_receive() { return inner.try_receive(); }
+  std::optional<Message> receive_until(TimePoint d) { return inner.receive_until(d); }
+  [[nodiscard]] bool failed() const { return inner.failed(); }
+  [[nodiscard]] const Clock& clock() const noexcept { return inner.clock(); }
+};
+static_assert(ContributionEncodingTransport<EncodingTransport>);
+static_assert(!ContributionEncodingTransport<InProcessLearnerTransport>);
+
+/// A rig with one joined learner whose transport takes encoded contributions.
+struct EncodingRig {
+  Rig r;
+  EncodingTransport lt;
+  OuterLoop<EncodingTransport, Flat> outer;
+  VecParams params = zero_params();
+  explicit EncodingRig(Codec codec) : lt{r.net.learner(1), codec, {}}, outer(r.plan, lt, learner_config(1, 1)) {
+    r.join(outer, params);
+  }
+};
+
+std::vector<std::byte> encoded_bytes(const Message& m) {
+  REQUIRE(m.encoded);
+  return {m.encoded->bytes.begin(), m.encoded->bytes.end()};
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("A transport with a contribution codec gets encode(codec, base - local), for every tensor type",
+                   "[outer_loop][codec]", std::vector<float>, Eigen::MatrixXf, DeviceTensor) {
+  using T = TestType;
+  for (const Codec codec : {Codec::fp32, Codec::bf16, Codec::int8, Codec::int4}) {
+    Rig r;
+    EncodingTransport lt{r.net.learner(1), codec, {}};
+    OuterLoop<EncodingTransport, T> outer(r.plan, lt, learner_config(1, 1));
+    std::vector<T> params;
+    params.push_back(make_tensor<T>(2, 2));
+    params.push_back(make_tensor<T>(2, 1));
+    params.push_back(make_tensor<T>(1, 2));
+    r.join(outer, params);
+    for (int t = 1; t <= 8; ++t) {
+      inner_step(params);
+      outer.step(params, 1);
+    }
+    const auto c = r.intercept();  // held here: each send needed a fresh buffer
+    INFO(to_string(codec));
+    REQUIRE(c.size() == 4);
+    // The outer gradients of the fp32 test above, encoded with the codec.
+    const std::vector<Flat> expected = {{0.5f, 0.5f, 0.75f, 0.75f}, filled(4, 0.5f), {1.0f, 1.0f, 1.5f, 1.5f},
+                                        filled(4, 0.5f)};
+    for (std::size_t k = 0; k < 4; ++k) {
+      CHECK_FALSE(c[k].payload);
+      REQUIRE(c[k].encoded);
+      CHECK(c[k].encoded->codec == codec);
+      CHECK(c[k].encoded->elements == 4);
+      CHECK(encoded_bytes(c[k]) == encode(codec, expected[k]));
+    }
+    CHECK(outer.status().sends == 4);
+  }
+}
+
+TEST_CASE("The encoded contribution's buffer is reused once the transport lets go of it, never while it is held",
+          "[outer_loop][codec]") {
+  EncodingRig e(Codec::int4);
+  auto& [r, lt, outer, params] = e;
+  std::vector<Message> held;
+  for (int t = 1; t <= 8; ++t) {
+    inner_step(params);
+    outer.step(params, 1);
+    auto got = r.intercept();
+    if (t <= 4) held.insert(held.end(), got.begin(), got.end());  // the first two sends stay alive
+  }
+  // Sends at steps 2, 4 (held), 6, 8 (dropped at once). Both fragments have 4 elements.
+  REQUIRE(lt.sent_buffers.size() == 4);
+  CHECK(lt.sent_buffers[0] != lt.sent_buffers[1]);  // the first was still held
+  CHECK(lt.sent_buffers[2] != lt.sent_buffers[0]);
+  CHECK(lt.sent_buffers[2] != lt.sent_buffers[1]);
+  CHECK(lt.sent_buffers[3] == lt.sent_buffers[2]);  // released after step 6: reused at step 8
+  REQUIRE(held.size() == 2);
+  CHECK(encoded_bytes(held[0]) == encode(Codec::int4, Flat{0.5f, 0.5f, 0.75f, 0.75f}));  // untouched by later sends
+  CHECK(encoded_bytes(held[1]) == encode(Codec::int4, filled(4, 0.5f)));
+}
+
+TEST_CASE("A NaN under a quantised contribution codec throws from step() and leaves base and counters alone",
+          "[outer_loop][codec]") {
+  EncodingRig e(Codec::int4);
+  auto& [r, lt, outer, params] = e;
+  inner_step(params);
+  outer.step(params, 1);  // step 1: nothing due
+  inner_step(params);
+  const float good = params[kC][1];
+  params[kC][1] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_AS(outer.step(params, 1), InvalidArgument);  // step 2: fragment 1 due
+  CHECK(outer.status().sends == 0);
+  CHECK(r.intercept().empty());
+  // Repaired, the next due send of fragment 1 (step 6) carries all progress since the join.
+  params[kC][1] = good;
+  for (int t = 3; t <= 6; ++t) {
+    inner_step(params);
+    outer.step(params, 1);
+  }
+  const auto c = r.intercept();
+  REQUIRE(c.size() == 2);  // fragment 0 at step 4, fragment 1 at step 6
+  CHECK(encoded_bytes(c[1]) == encode(Codec::int4, Flat{1.5f, 1.5f, 2.25f, 2.25f}));
+}

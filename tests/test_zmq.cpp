@@ -17,6 +17,7 @@ using namespace ddiloco;
 using namespace std::chrono_literals;
 
 static_assert(LearnerTransport<ZmqLearnerTransport>);
+static_assert(ContributionBufferTransport<ZmqLearnerTransport>);
 static_assert(SyncerTransport<ZmqSyncerTransport>);
 
 namespace {
@@ -142,6 +143,50 @@ TEST_CASE("With keep_contributions_encoded the syncer receives a contribution as
   REQUIRE(join.has_value());
   CHECK(join->type == MessageType::join);
   CHECK_FALSE(join->encoded.has_value());
+}
+
+TEST_CASE("A contribution encoded into the lent frame buffer arrives intact, and sent frames' buffers are reused",
+          "[zmq]") {
+  // 2^19 int4 elements: a 288 KiB payload; fp32: 2 MiB, above FramePool::kMinPooled.
+  for (const Codec codec : {Codec::int4, Codec::fp32}) {
+    ZmqSyncerTransport syncer(plain_syncer(), steady);
+    auto lc = plain_learner(syncer.endpoint(), 4);
+    lc.codec = codec;
+    ZmqLearnerTransport learner(lc, steady);
+    REQUIRE(learner.contribution_codec() == codec);
+    const std::size_t n = std::size_t{1} << 19;
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(static_cast<int>(i % 97) - 48) * 0.01f;
+    const auto expected = encode(codec, v);
+    for (int round = 0; round < 4; ++round) {
+      OutgoingPayload out = learner.contribution_buffer(expected.size());
+      REQUIRE(out.bytes.size() == expected.size());
+      std::copy(expected.begin(), expected.end(), out.bytes.begin());
+      Message m;
+      m.type = MessageType::contribution;
+      m.fingerprint = 7;
+      m.learner = 4;
+      m.sequence = static_cast<std::uint64_t>(round) + 1;
+      m.steps = 1;
+      m.encoded = EncodedPayload{codec, n, out.bytes, std::move(out.owner)};
+      REQUIRE(learner.send(std::move(m)));
+      auto got = syncer.receive_until(steady.now() + 10s);
+      REQUIRE(got.has_value());
+      REQUIRE(got->payload);
+      std::vector<float> decoded(n);
+      decode(codec, expected, decoded);
+      INFO(to_string(codec) << " round " << round);
+      CHECK(*got->payload == decoded);
+      CHECK(got->sequence == static_cast<std::uint64_t>(round) + 1);
+      if (codec == Codec::fp32) {  // the frame returns to the pool once ZeroMQ has written it
+        CHECK(eventually([&] { return learner.idle_frame_buffers() == 1; }));
+      }
+    }
+    CHECK(syncer.counters().decode_errors == 0);
+    // fp32 frames (2 MiB) are pooled: rounds 1..3 wrote into round 0's buffer.
+    // int4 frames (288 KiB) are under kMinPooled: malloc serves them.
+    CHECK(learner.reused_frame_buffers() == (codec == Codec::fp32 ? 3U : 0U));
+  }
 }
 
 TEST_CASE("With CURVE a listed learner is served, an unlisted key is refused and a listed key cannot speak for another id",

@@ -75,6 +75,14 @@ struct EncodedPayload {
   std::shared_ptr<const void> owner;  ///< keeps `bytes` alive (a received network buffer)
 };
 
+/// A buffer a transport lends for the next contribution's encoded payload
+/// (ContributionBufferTransport): the sender writes `bytes` and sends an
+/// EncodedPayload over them with `owner`, and the transport frames them in place.
+struct OutgoingPayload {
+  std::span<std::byte> bytes;
+  std::shared_ptr<const void> owner;
+};
+
 struct Message {
   MessageType type = MessageType::heartbeat;
   std::uint64_t fingerprint = 0;  ///< Plan::fingerprint() of the sender's plan
@@ -116,6 +124,13 @@ inline Payload make_payload(std::vector<float> values) {
 //   4. `t.failed() -> bool`: true once the transport failed permanently; every
 //      later call may throw TransportError.
 //   5. `t.clock() -> const Clock&`: the clock deadlines are measured on.
+//   Optional (ContributionEncodingTransport): `t.contribution_codec() ->
+//   std::optional<Codec>`. A codec there means contributions go out in it, and
+//   OuterLoop then hands them over already encoded (Message::encoded, codec set,
+//   payload null) in one pass over the fragment; nullopt keeps fp32 payloads.
+//   Optional as well (ContributionBufferTransport): `t.contribution_buffer(bytes)
+//   -> OutgoingPayload`, a buffer the transport lends for that encoded payload
+//   (ZmqLearnerTransport: the payload part of a frame, so nothing is copied).
 //
 // SyncerTransport<T>: the syncer's side.
 //   1. `t.send_to(LearnerId, Message&&) -> bool` never blocks (false: dropped).
@@ -128,6 +143,16 @@ concept LearnerTransport = requires(T& t, Message m, TimePoint deadline) {
   { t.receive_until(deadline) } -> std::same_as<std::optional<Message>>;
   { std::as_const(t).failed() } -> std::same_as<bool>;
   { std::as_const(t).clock() } -> std::convertible_to<const Clock&>;
+};
+
+template <class T>
+concept ContributionEncodingTransport = LearnerTransport<T> && requires(const T& t) {
+  { t.contribution_codec() } -> std::same_as<std::optional<Codec>>;
+};
+
+template <class T>
+concept ContributionBufferTransport = ContributionEncodingTransport<T> && requires(T& t, std::size_t bytes) {
+  { t.contribution_buffer(bytes) } -> std::same_as<OutgoingPayload>;
 };
 
 template <class T>

@@ -29,8 +29,11 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -39,6 +42,7 @@
 
 #include <ddiloco/clock.hpp>
 #include <ddiloco/error.hpp>
+#include <ddiloco/fast/kernels.hpp>
 #include <ddiloco/fragmenter.hpp>
 #include <ddiloco/message.hpp>
 #include <ddiloco/schedule.hpp>
@@ -429,8 +433,38 @@ class OuterLoop {
     auto& f = frags_[p];
     const auto steps = static_cast<std::int64_t>(step_ - f.steps_at_reset);
     if (steps <= 0) return false;  // nothing new since the last receipt
-    const auto& specs = plan_->tensors();
+    Message m = header(MessageType::contribution);
+    m.fragment = static_cast<std::uint32_t>(p);
+    m.version = f.base_version;
+    m.sequence = sequence_ + 1;
+    m.steps = steps;
+    m.tokens = static_cast<std::int64_t>(tokens_total_ - f.tokens_at_reset);
     local_.resize(f.base.size());
+    std::optional<Codec> codec;
+    if constexpr (ContributionEncodingTransport<Transport>) codec = transport_->contribution_codec();
+    if (codec) {
+      m.encoded = encode_outer_gradient(p, params, *codec);
+    } else {
+      m.payload = make_payload(outer_gradient(p, params));
+    }
+    if (!send(std::move(m))) {
+      ++status_.send_failures;  // not queued: keep base and counters, the next send carries this progress
+      return false;
+    }
+    ++sequence_;
+    ++status_.sends;
+    f.base.swap(local_);
+    f.steps_at_reset = step_;
+    f.tokens_at_reset = tokens_total_;
+    if (!f.sent_at) pending_.push_back(p);
+    f.sent_at = step_;
+    return true;
+  }
+
+  /// v = base_p - theta_p as fp32, and local_ <- theta_p (the next base).
+  std::vector<float> outer_gradient(std::size_t p, std::span<T> params) {
+    const auto& f = frags_[p];
+    const auto& specs = plan_->tensors();
     std::vector<float> v(f.base.size());
     // One pass per tensor (issue 6): local_ <- theta (the next base) and
     // v <- base - theta together; a host tensor is read in place (step()
@@ -453,25 +487,48 @@ class OuterLoop {
         for (std::size_t i = 0; i < n; ++i) out[i] = base[i] - next[i];
       }
     }
-    Message m = header(MessageType::contribution);
-    m.fragment = static_cast<std::uint32_t>(p);
-    m.version = f.base_version;
-    m.sequence = sequence_ + 1;
-    m.steps = steps;
-    m.tokens = static_cast<std::int64_t>(tokens_total_ - f.tokens_at_reset);
-    m.payload = make_payload(std::move(v));
-    if (!send(std::move(m))) {
-      ++status_.send_failures;  // not queued: keep base and counters, the next send carries this progress
-      return false;
+    return v;
+  }
+
+  /// The same v, encoded with `codec` as it is computed (fast::OuterGradientEncoder:
+  /// one pass, no fp32 copy of v), into the buffer the transport lends
+  /// (ContributionBufferTransport: the frame itself), else into one reused from
+  /// the previous send once the transport has let go of it; local_ <- theta_p as above.
+  EncodedPayload encode_outer_gradient(std::size_t p, std::span<T> params, Codec codec) {
+    const auto& f = frags_[p];
+    const auto& specs = plan_->tensors();
+    const std::size_t n = f.base.size(), bytes = encoded_size(codec, n);
+    OutgoingPayload buffer;
+    if constexpr (ContributionBufferTransport<Transport>) {
+      buffer = transport_->contribution_buffer(bytes);
+      if (buffer.bytes.size() != bytes) {
+        throw TransportError(detail::msg("OuterLoop: the transport lent ", buffer.bytes.size(),
+                                         " bytes for a contribution of ", bytes, " (fragment ", p, ")"));
+      }
+    } else {
+      if (encoded_buffer_ && encoded_buffer_.use_count() == 1 && encoded_bytes_ == bytes) {
+        // The transport released its reference (the count went to 1 with a release
+        // decrement); the fence orders its last reads of the bytes before our writes.
+        std::atomic_thread_fence(std::memory_order_acquire);
+      } else {
+        encoded_buffer_ = std::shared_ptr<std::byte[]>(new std::byte[bytes]);  // not zero-filled: every byte is written
+        encoded_bytes_ = bytes;
+      }
+      buffer = OutgoingPayload{std::span<std::byte>(encoded_buffer_.get(), bytes), encoded_buffer_};
     }
-    ++sequence_;
-    ++status_.sends;
-    f.base.swap(local_);
-    f.steps_at_reset = step_;
-    f.tokens_at_reset = tokens_total_;
-    if (!f.sent_at) pending_.push_back(p);
-    f.sent_at = step_;
-    return true;
+    const std::span<std::byte> out = buffer.bytes;
+    fast::OuterGradientEncoder enc(codec, n, out);
+    for (std::size_t t : plan_->fragments()[p].tensors) {
+      const std::size_t off = plan_->offset_in_fragment(t), len = specs[t].numel;
+      float* next = local_.data() + off;
+      if constexpr (HostTensor<T>) {
+        enc.add(host_view(std::as_const(params[t])).data(), f.base.data() + off, next, len);
+      } else {
+        read_tensor(params[t], std::span<float>(next, len));
+        enc.add(next, f.base.data() + off, next, len);  // theta is already in next
+      }
+    }
+    return EncodedPayload{codec, n, out, std::move(buffer.owner)};
   }
 
   const Plan* plan_;
@@ -481,6 +538,8 @@ class OuterLoop {
   std::vector<FragmentState> frags_;
   std::vector<std::size_t> pending_;  ///< fragments sent and awaiting their result
   std::vector<float> local_, scratch_;
+  std::shared_ptr<std::byte[]> encoded_buffer_;  ///< the last encoded contribution (see encode_outer_gradient)
+  std::size_t encoded_bytes_ = 0;
   std::uint64_t step_ = 0;
   std::uint64_t tokens_total_ = 0;
   std::uint64_t sequence_ = 0;

@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -42,6 +43,7 @@
 
 #include <ddiloco/clock.hpp>
 #include <ddiloco/codec.hpp>
+#include <ddiloco/detail/frame_pool.hpp>
 #include <ddiloco/error.hpp>
 #include <ddiloco/message.hpp>
 #include <ddiloco/wire.hpp>
@@ -180,6 +182,21 @@ inline int send_frame_zero_copy(void* socket, std::vector<std::byte>&& frame, in
   }
   const int rc = zmq_msg_send(&msg, socket, flags);
   if (rc < 0) zmq_msg_close(&msg);  // still ours on failure: frees the vector
+  return rc;
+}
+
+/// send_frame_zero_copy of a pooled frame: ZeroMQ holds a reference to the
+/// block until the frame is sent (or dropped), then the block returns to its pool.
+inline int send_frame_zero_copy(void* socket, std::shared_ptr<FrameBlock> block, int flags) {
+  auto* hold = new std::shared_ptr<FrameBlock>(std::move(block));
+  zmq_msg_t msg;
+  const auto release = [](void*, void* hint) { delete static_cast<std::shared_ptr<FrameBlock>*>(hint); };
+  if (zmq_msg_init_data(&msg, (*hold)->data.get(), (*hold)->size, release, hold) != 0) {
+    delete hold;
+    return -1;
+  }
+  const int rc = zmq_msg_send(&msg, socket, flags);
+  if (rc < 0) zmq_msg_close(&msg);  // still ours on failure: gives the block back
   return rc;
 }
 
@@ -579,17 +596,49 @@ class ZmqLearnerTransport {
   [[nodiscard]] const Clock& clock() const noexcept { return *clock_; }
   [[nodiscard]] bool failed() const noexcept { return dealer_ == nullptr; }
 
+  /// The codec contributions go out in, for an OuterLoop that encodes them
+  /// itself (Message::encoded, see OuterLoop); none with error feedback, which
+  /// needs the fp32 outer gradient to carry the residual.
+  [[nodiscard]] std::optional<Codec> contribution_codec() const noexcept {
+    if (config_.error_feedback) return std::nullopt;
+    return config_.codec;
+  }
+
+  /// The payload part of the next contribution's frame, `bytes` long, for
+  /// OuterLoop to encode into (ContributionBufferTransport): send() then writes
+  /// the header and checksum around it and hands the frame to ZeroMQ, with no
+  /// copy of the payload. A buffer lent and not sent is simply given back.
+  [[nodiscard]] OutgoingPayload contribution_buffer(std::size_t bytes) {
+    auto block = pool_->acquire(kFrameHeaderSize + bytes);
+    lent_ = block;
+    return OutgoingPayload{std::span<std::byte>(block->data.get() + kFrameHeaderSize, bytes), std::move(block)};
+  }
+
+  /// Frames written into the buffer of an earlier, sent frame, and such buffers
+  /// waiting now (see FramePool).
+  [[nodiscard]] std::uint64_t reused_frame_buffers() const { return pool_->reused(); }
+  [[nodiscard]] std::size_t idle_frame_buffers() const { return pool_->idle(); }
+
   bool send(Message&& m) {
     if (dealer_ == nullptr) throw TransportError("ZmqLearnerTransport: closed");
-    std::vector<std::byte> frame;
+    std::vector<std::byte> with_feedback;  // the payload encoded with the residual carried in
     if (m.type == MessageType::contribution && config_.error_feedback && m.payload) {
       if (!feedback_) feedback_.emplace(config_.codec);
-      const auto encoded = feedback_->encode(m.fragment, *m.payload);
-      frame = encode_frame_with_payload(m, config_.codec, m.payload->size(), encoded);
-    } else {
-      frame = encode_frame(m, m.type == MessageType::contribution ? config_.codec : Codec::fp32);
+      with_feedback = feedback_->encode(m.fragment, *m.payload);
+      const std::size_t elements = m.payload->size();
+      m.payload.reset();
+      m.encoded = EncodedPayload{config_.codec, elements, with_feedback, nullptr};
     }
-    const std::size_t size = frame.size();
+    const Codec codec = m.type == MessageType::contribution ? config_.codec : Codec::fp32;
+    const std::size_t size = frame_size(m, codec);
+    // The frame the payload was written into (contribution_buffer), else a pooled one.
+    std::shared_ptr<detail::FrameBlock> frame = lent_.lock();
+    lent_.reset();
+    if (!frame || !m.encoded || m.encoded->bytes.data() != frame->data.get() + kFrameHeaderSize || frame->size != size) {
+      frame = pool_->acquire(size);
+    }
+    encode_frame_into(m, codec, std::span<std::byte>(frame->data.get(), size));  // every byte: never zero-filled
+    m = Message{};  // drop the sender's reference: ZeroMQ's is the last one
     if (detail::send_frame_zero_copy(dealer_, std::move(frame), ZMQ_DONTWAIT) < 0) {
       ++counters_.send_dropped;  // no connection (IMMEDIATE) or high-water mark: back-pressure
       return false;
@@ -649,6 +698,8 @@ class ZmqLearnerTransport {
   void* context_ = nullptr;
   void* dealer_ = nullptr;
   std::optional<ErrorFeedbackEncoder> feedback_;
+  std::shared_ptr<detail::FramePool> pool_ = std::make_shared<detail::FramePool>();
+  std::weak_ptr<detail::FrameBlock> lent_;  ///< the buffer of contribution_buffer(), until send()
   ZmqCounters counters_{};
 };
 
