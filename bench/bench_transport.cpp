@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -226,6 +227,43 @@ void BM_tcp(benchmark::State& state) {
   ::close(listener);
 }
 
+// ---- the syncer's down-link ------------------------------------------------
+
+/// What a merge costs the syncer's thread in ZmqSyncerTransport::send_to: the
+/// merged fragment (one shared payload, 2^log2n fp32 elements) framed for each
+/// of M learners in the global codec. No learner is connected, so the I/O
+/// thread drops the frames (their buffers go back to the transport's pool):
+/// this times the framing, not the network. Arguments {log2 n, M, codec}.
+void BM_syncer_send_merged(benchmark::State& state) {
+  const auto n = std::size_t{1} << state.range(0);
+  const auto m_learners = static_cast<ddiloco::LearnerId>(state.range(1));
+  ddiloco::ZmqSyncerConfig config;
+  config.bind = "tcp://127.0.0.1:*";
+  config.security = ddiloco::ZmqSecurity::plaintext();
+  config.global_codec = static_cast<ddiloco::Codec>(state.range(2));
+  const ddiloco::SteadyClock clock;
+  ddiloco::ZmqSyncerTransport syncer(config, clock);
+  std::vector<float> theta(n);
+  for (std::size_t i = 0; i < n; ++i) theta[i] = static_cast<float>(i % 1000) * 1e-3f;
+  std::uint64_t version = 0;
+  for (auto _ : state) {
+    const ddiloco::Payload merged = ddiloco::make_payload(theta);  // as Syncer publishes a merge
+    ++version;
+    for (ddiloco::LearnerId id = 1; id <= m_learners; ++id) {
+      ddiloco::Message msg;
+      msg.type = ddiloco::MessageType::global_fragment;
+      msg.fingerprint = 0x1234;
+      msg.learner = id;
+      msg.version = version;
+      msg.payload = merged;
+      benchmark::DoNotOptimize(syncer.send_to(id, std::move(msg)));
+    }
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * m_learners *
+                          static_cast<std::int64_t>(ddiloco::encoded_size(config.global_codec, n)));
+  state.SetLabel(std::string(ddiloco::to_string(config.global_codec)));
+}
+
 void sizes(benchmark::internal::Benchmark* b) {
   b->Arg(1 << 20)->Arg(16 << 20)->UseRealTime()->Unit(benchmark::kMillisecond);
 }
@@ -236,5 +274,10 @@ BENCHMARK(BM_tcp)->Apply(sizes);
 BENCHMARK(BM_zmq_plaintext)->Apply(sizes);
 BENCHMARK(BM_zmq_plaintext_zero_copy)->Apply(sizes);
 BENCHMARK(BM_zmq_curve)->Apply(sizes);
+BENCHMARK(BM_syncer_send_merged)
+    ->Args({24, 8, static_cast<int>(ddiloco::Codec::fp32)})
+    ->Args({24, 8, static_cast<int>(ddiloco::Codec::int8)})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include <functional>
+#include <memory>
 #include <thread>
 
 using namespace ddiloco;
@@ -186,6 +187,48 @@ TEST_CASE("A contribution encoded into the lent frame buffer arrives intact, and
     // fp32 frames (2 MiB) are pooled: rounds 1..3 wrote into round 0's buffer.
     // int4 frames (288 KiB) are under kMinPooled: malloc serves them.
     CHECK(learner.reused_frame_buffers() == (codec == Codec::fp32 ? 3U : 0U));
+  }
+}
+
+TEST_CASE("One global fragment sent to three learners arrives whole at each, framed with each learner's id", "[zmq]") {
+  // The syncer encodes a shared payload once and copies it into the other
+  // learners' frames (ZmqSyncerTransport::frame_of); a new payload is encoded anew.
+  for (const Codec codec : {Codec::fp32, Codec::int8}) {
+    auto sc = plain_syncer();
+    sc.global_codec = codec;
+    ZmqSyncerTransport syncer(sc, steady);
+    std::vector<std::unique_ptr<ZmqLearnerTransport>> learners;
+    for (LearnerId id = 1; id <= 3; ++id) {
+      learners.push_back(std::make_unique<ZmqLearnerTransport>(plain_learner(syncer.endpoint(), id), steady));
+      REQUIRE(learners.back()->send(join_message(id)));  // the syncer learns the route
+      REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+    }
+    for (int round = 0; round < 2; ++round) {
+      std::vector<float> v((std::size_t{1} << 18) + 3);  // 1 MiB + 12 bytes of fp32: a pooled frame
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<float>(i + 7 * round));
+      const Payload shared = make_payload(v);
+      std::vector<float> expect(v.size());
+      decode(codec, encode(codec, v), expect);
+      for (LearnerId id = 1; id <= 3; ++id) {
+        Message m;
+        m.type = MessageType::global_fragment;
+        m.fingerprint = 7;
+        m.learner = id;
+        m.version = static_cast<std::uint64_t>(round) + 1;
+        m.payload = shared;
+        REQUIRE(syncer.send_to(id, std::move(m)));
+      }
+      for (LearnerId id = 1; id <= 3; ++id) {
+        auto got = learners[id - 1]->receive_until(steady.now() + 10s);
+        INFO(to_string(codec) << " round " << round << " learner " << id);
+        REQUIRE(got.has_value());
+        CHECK(got->learner == id);
+        CHECK(got->version == static_cast<std::uint64_t>(round) + 1);
+        REQUIRE(got->payload);
+        CHECK(*got->payload == expect);
+        CHECK(learners[id - 1]->counters().decode_errors == 0);
+      }
+    }
   }
 }
 

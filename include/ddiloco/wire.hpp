@@ -317,6 +317,28 @@ inline void encode_frame_into(const Message& m, Codec codec, std::span<std::byte
   detail::write_frame_header(std::span<std::byte, kFrameHeaderSize>(out.data(), kFrameHeaderSize), h);
 }
 
+/// The header of m's frame for a payload already at its place in `out` (which
+/// holds frame_size(m, codec) bytes) whose CRC32C is `payload_crc`: the same
+/// global fragment framed again for the next learner costs one copy of the
+/// payload, not another encode and checksum. Throws as encode_frame_into does.
+inline void finish_frame(const Message& m, Codec codec, std::uint32_t payload_crc, std::span<std::byte> out) {
+  FrameHeader h = detail::header_of(m, codec, m.payload_size());
+  if (out.size() != kFrameHeaderSize + h.payload_bytes) {
+    throw ShapeMismatch(detail::msg("finish_frame: the frame takes ", kFrameHeaderSize + h.payload_bytes,
+                                    " bytes but the buffer has ", out.size(), "; size it with frame_size()"));
+  }
+  h.payload_crc = payload_crc;
+  detail::write_frame_header(std::span<std::byte, kFrameHeaderSize>(out.data(), kFrameHeaderSize), h);
+}
+
+/// The payload CRC32C recorded in a frame's header (written by encode_frame_into).
+inline std::uint32_t frame_payload_crc(std::span<const std::byte> frame) {
+  if (frame.size() < kFrameHeaderSize) {
+    throw ShapeMismatch(detail::msg("frame_payload_crc: ", frame.size(), " bytes are shorter than a frame header"));
+  }
+  return detail::load_u32(frame.data() + detail::frame_offset::payload_crc);
+}
+
 /// Frame of `m` with its payload encoded by `codec` (or m.encoded, already in
 /// `codec`). Throws InvalidArgument for a message no decoder would accept
 /// (negative counters, payload on a control message, non-finite values under

@@ -167,26 +167,12 @@ inline void set_int(void* s, int option, int value, const char* what) {
   zmq_check(zmq_setsockopt(s, option, &value, sizeof value), what);
 }
 
-/// Sends `frame` as one message without copying it: ZeroMQ takes the vector
-/// and frees it (on its I/O thread) once the bytes are written out. A copying
-/// zmq_send of a 16 MiB fragment costs a fresh 16 MiB buffer (page faults) plus
-/// the copy; bench/bench_transport.cpp measures both paths. Returns what
-/// zmq_msg_send returns (< 0 on failure, the frame then freed here).
-inline int send_frame_zero_copy(void* socket, std::vector<std::byte>&& frame, int flags) {
-  auto* owned = new std::vector<std::byte>(std::move(frame));
-  zmq_msg_t msg;
-  const auto release = [](void*, void* hint) { delete static_cast<std::vector<std::byte>*>(hint); };
-  if (zmq_msg_init_data(&msg, owned->data(), owned->size(), release, owned) != 0) {
-    delete owned;
-    return -1;
-  }
-  const int rc = zmq_msg_send(&msg, socket, flags);
-  if (rc < 0) zmq_msg_close(&msg);  // still ours on failure: frees the vector
-  return rc;
-}
-
-/// send_frame_zero_copy of a pooled frame: ZeroMQ holds a reference to the
-/// block until the frame is sent (or dropped), then the block returns to its pool.
+/// Sends a pooled frame as one message without copying it: ZeroMQ holds a
+/// reference to the block until the bytes are written out (or dropped), then the
+/// block returns to its pool (on ZeroMQ's I/O thread). A copying zmq_send of a
+/// 16 MiB fragment costs a fresh 16 MiB buffer (page faults) plus the copy;
+/// bench/bench_transport.cpp measures both. Returns what zmq_msg_send returns
+/// (< 0 on failure, the block then given back here).
 inline int send_frame_zero_copy(void* socket, std::shared_ptr<FrameBlock> block, int flags) {
   auto* hold = new std::shared_ptr<FrameBlock>(std::move(block));
   zmq_msg_t msg;
@@ -354,7 +340,7 @@ class ZmqSyncerTransport {
   [[nodiscard]] const Clock& clock() const noexcept { return *clock_; }
 
   bool send_to(LearnerId id, Message&& m) {
-    std::vector<std::byte> frame = encode_frame(m, config_.global_codec);
+    std::shared_ptr<detail::FrameBlock> frame = frame_of(m);
     {
       std::lock_guard lock(mutex_);
       if (outgoing_.size() >= static_cast<std::size_t>(config_.send_hwm) * 4) {
@@ -392,8 +378,38 @@ class ZmqSyncerTransport {
  private:
   struct Outgoing {
     LearnerId to;
-    std::vector<std::byte> frame;
+    std::shared_ptr<detail::FrameBlock> frame;
   };
+
+  /// m's frame in a pooled buffer. A merge sends the same global fragment (one
+  /// shared payload) to every learner: it is encoded and checksummed for the
+  /// first, and each further frame copies the encoded payload and its CRC and
+  /// writes its own header.
+  std::shared_ptr<detail::FrameBlock> frame_of(const Message& m) {
+    const Codec codec = config_.global_codec;
+    const std::size_t size = frame_size(m, codec);
+    auto block = pool_->acquire(size);
+    const std::span<std::byte> out(block->data.get(), size);
+    std::shared_ptr<detail::FrameBlock> previous;
+    {
+      std::lock_guard lock(frame_cache_mutex_);
+      if (m.payload && m.payload == cached_payload_ && cached_frame_ && cached_frame_->size == size) {
+        previous = cached_frame_;
+      }
+    }
+    if (previous) {
+      std::memcpy(out.data() + kFrameHeaderSize, previous->data.get() + kFrameHeaderSize, size - kFrameHeaderSize);
+      finish_frame(m, codec, frame_payload_crc(std::span<const std::byte>(previous->data.get(), size)), out);
+      return block;
+    }
+    encode_frame_into(m, codec, out);
+    if (m.payload) {
+      std::lock_guard lock(frame_cache_mutex_);
+      cached_payload_ = m.payload;
+      cached_frame_ = block;
+    }
+    return block;
+  }
 
   static int ms(Duration d) { return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); }
 
@@ -435,7 +451,7 @@ class ZmqSyncerTransport {
         std::lock_guard lock(mutex_);
         if (auto it = routes_.find(o.to); it != routes_.end()) rid = it->second;
       }
-      const std::size_t size = o.frame.size();
+      const std::size_t size = o.frame->size;
       const bool ok = !rid.empty() && zmq_send(router_, rid.data(), rid.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
                       detail::send_frame_zero_copy(router_, std::move(o.frame), ZMQ_DONTWAIT) >= 0;
       std::lock_guard lock(mutex_);
@@ -532,6 +548,10 @@ class ZmqSyncerTransport {
   std::condition_variable arrived_;
   std::deque<Message> incoming_;
   std::deque<Outgoing> outgoing_;
+  std::shared_ptr<detail::FramePool> pool_ = std::make_shared<detail::FramePool>();
+  std::mutex frame_cache_mutex_;
+  Payload cached_payload_;                          ///< the payload of the last frame encoded ...
+  std::shared_ptr<detail::FrameBlock> cached_frame_;  ///< ... and that frame (see frame_of)
   std::map<LearnerId, std::string> routes_;  ///< learner id -> ROUTER routing id of its latest connection
   ZmqCounters counters_{};
   std::atomic<bool> stop_{false};
