@@ -1114,3 +1114,25 @@ TEST_CASE("A corrupt encoded contribution is rejected by reason and never change
   CHECK(s.status().merges == 1);
   CHECK(s.global_parameters() != before);
 }
+
+TEST_CASE("Published fragments reuse a released buffer and never change while someone holds them", "[syncer]") {
+  auto pool = std::make_shared<ddiloco::detail::PublishedBuffers>(2);
+  const std::vector<float> a{1, 2, 3}, b{4, 5, 6}, c{7, 8, 9};
+  ddiloco::Payload first = pool->publish(0, a);
+  const float* first_data = first->data();
+  ddiloco::Payload second = pool->publish(0, b);  // first still held: a new buffer
+  CHECK(second->data() != first_data);
+  CHECK(*first == a);
+  CHECK(*second == b);
+  first.reset();                                  // released: it becomes fragment 0's spare
+  ddiloco::Payload third = pool->publish(0, c);
+  CHECK(third->data() == first_data);
+  CHECK(*third == c);
+  CHECK(*second == b);
+  ddiloco::Payload other = pool->publish(1, a);   // another fragment has its own spare
+  CHECK(other->data() != first_data);
+  second.reset();
+  ddiloco::Payload longer = pool->publish(0, std::vector<float>{1, 2, 3, 4});  // size differs: fresh
+  CHECK(longer->size() == 4);
+  CHECK(*third == c);
+}

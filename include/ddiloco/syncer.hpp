@@ -42,6 +42,7 @@
 #include <concepts>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -320,6 +321,46 @@ concept FusedFinishStep = std::same_as<Opt, NesterovSGD> &&
 template <class Acc>
 concept BatchAccumulator = requires(Acc& acc, std::span<const fast::Contribution> batch) { acc.add_batch(batch); };
 
+/// The buffers of published fragments (the payload every receiver of a merge
+/// shares), one spare per fragment kept mapped between merges: publishing
+/// fragment p copies Theta_p into the spare its previous publication left
+/// when its last holder (the transports, the learners' queues) let go, instead
+/// of into fresh memory (a 64 MiB fragment: ~30 ms of page faults per merge).
+/// Each publication is a new shared_ptr, so no holder ever sees its bytes
+/// change. At most one spare per fragment: one more copy of the model at worst.
+/// Thread-safe: payloads are released on transport threads.
+class PublishedBuffers : public std::enable_shared_from_this<PublishedBuffers> {
+ public:
+  explicit PublishedBuffers(std::size_t fragments) : spare_(fragments) {}
+
+  /// A payload holding a copy of `values`, for fragment p.
+  Payload publish(std::size_t p, std::span<const float> values) {
+    std::unique_ptr<std::vector<float>> v;
+    {
+      std::lock_guard lock(mutex_);
+      v = std::move(spare_[p]);
+    }
+    if (v && v->size() == values.size()) {
+      std::copy(values.begin(), values.end(), v->begin());
+    } else {
+      v = std::make_unique<std::vector<float>>(values.begin(), values.end());
+    }
+    auto self = shared_from_this();
+    return Payload(v.release(), [self, p](const std::vector<float>* done) {
+      // The vector was created non-const by publish(): taking it back is well defined.
+      self->give_back(p, std::unique_ptr<std::vector<float>>(const_cast<std::vector<float>*>(done)));
+    });
+  }
+
+ private:
+  void give_back(std::size_t p, std::unique_ptr<std::vector<float>> v) {
+    std::lock_guard lock(mutex_);
+    if (!spare_[p]) spare_[p] = std::move(v);  // else v is freed: one spare is enough
+  }
+
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<std::vector<float>>> spare_;
+};
 }  // namespace detail
 
 /// The merge rule defaults to fast::RadialDirectional (<ddiloco/fast/merge.hpp>):
@@ -363,7 +404,7 @@ class Syncer {
       if constexpr (!kFused) f.delta.resize(f.theta.size());  // the fused step needs no delta buffer
       f.acc.emplace(rule_.make_accumulator(plan_.layout(p)));
       f.wait.emplace(Wait(config_.quorum));
-      f.published = make_payload(f.theta);
+      f.published = published_->publish(p, f.theta);
     }
   }
 
@@ -599,7 +640,7 @@ class Syncer {
       std::copy(fs.theta.begin(), fs.theta.end(), f.theta.begin());
       std::copy(fs.state.begin(), fs.state.end(), f.state.begin());
       f.version = fs.version;
-      f.published = make_payload(f.theta);
+      f.published = published_->publish(p, f.theta);
       f.acc->reset();
       f.wait.emplace(Wait(config_.quorum));
       f.round = RoundState{};
@@ -1037,7 +1078,7 @@ class Syncer {
     }
     ++f.version;
     merges_total_.fetch_add(1, std::memory_order_relaxed);
-    f.published = make_payload(f.theta);
+    f.published = published_->publish(p, f.theta);
     const std::size_t k = f.contributors.size();
     if (f.quorum_sizes.size() <= k) f.quorum_sizes.resize(k + 1);
     ++f.quorum_sizes[k];
@@ -1080,6 +1121,8 @@ class Syncer {
   Opt opt_;
   Weights weights_;
   std::vector<FragmentState> fragments_;
+  std::shared_ptr<detail::PublishedBuffers> published_ =
+      std::make_shared<detail::PublishedBuffers>(plan_.fragments().size());
   std::vector<std::size_t> tensor_offsets_;  ///< element offset of each tensor in plan order
 
   std::atomic<std::uint64_t> merges_total_{0};
