@@ -534,3 +534,23 @@ TEST_CASE("fast int8 and int4 whole-block kernels flag an invalid code at every 
     fast::use_baseline_kernels(false);
   }
 }
+
+TEST_CASE("fast fp32 payloads are read in place when aligned and decoded otherwise, with the same norms",
+          "[fast][codec]") {
+  const auto x = random_vector(5000, 17);
+  const auto bytes = ddiloco::encode(Codec::fp32, x);
+  std::vector<std::byte> shifted(bytes.size() + 1);
+  std::copy(bytes.begin(), bytes.end(), shifted.begin() + 1);
+  const std::byte* odd = shifted.data() + 1;
+  CHECK(fast::fp32_in_place(Codec::fp32, bytes.data()) == reinterpret_cast<const float*>(bytes.data()));
+  CHECK(fast::fp32_in_place(Codec::fp32, odd) == nullptr);
+  CHECK(fast::fp32_in_place(Codec::bf16, bytes.data()) == nullptr);
+  for (const auto& [lo, len] : {std::pair<std::size_t, std::size_t>{0, 5000}, {64, 4096}, {4096, 904}}) {
+    const double ref = ddiloco::detail::squared_norm(std::span<const float>(x).subspan(lo, len));
+    const double aligned = fast::encoded_squared_norm(Codec::fp32, bytes.data(), x.size(), lo, len);
+    const double unaligned = fast::encoded_squared_norm(Codec::fp32, odd, x.size(), lo, len);
+    INFO("lo = " << lo << " len = " << len);
+    CHECK(std::fabs(aligned - ref) <= 2e-6 * ref);
+    CHECK(std::fabs(aligned - unaligned) <= 1e-12 * aligned);  // the same fp32 blocks, added in another order
+  }
+}

@@ -247,9 +247,16 @@ struct BatchMode {
   bool floats;
   bool mixed;
   Codec codec;
+  bool odd_address = false;  // payload bytes one byte past an aligned address
 };
-const BatchMode kModes[] = {{"fp32 values", true, false, Codec::fp32}, {"bf16", false, false, Codec::bf16},
-                            {"int8", false, false, Codec::int8},       {"int4", false, false, Codec::int4},
+// fp32 payload bytes are read as floats in place when aligned (fast::fp32_in_place),
+// decoded chunk by chunk otherwise: both are checked.
+const BatchMode kModes[] = {{"fp32 values", true, false, Codec::fp32},
+                            {"fp32 bytes, read in place", false, false, Codec::fp32},
+                            {"fp32 bytes at an odd address, decoded", false, false, Codec::fp32, true},
+                            {"bf16", false, false, Codec::bf16},
+                            {"int8", false, false, Codec::int8},
+                            {"int4", false, false, Codec::int4},
                             {"mixed codecs", false, true, Codec::fp32}};
 
 /// A batch plus everything needed to check it: the payloads it points into,
@@ -276,9 +283,11 @@ TestBatch make_batch(const BatchMode& mode, std::size_t n, std::size_t b, std::u
       tb.bytes.emplace_back();
       tb.decoded.push_back(tb.values[k]);
     } else {
-      tb.bytes.push_back(ddiloco::encode(c, tb.values[k]));
+      const auto encoded = ddiloco::encode(c, tb.values[k]);
+      tb.bytes.emplace_back(mode.odd_address ? 1 : 0, std::byte{0x5A});
+      tb.bytes.back().insert(tb.bytes.back().end(), encoded.begin(), encoded.end());
       Vec d(n);
-      ddiloco::decode(c, tb.bytes.back(), d);
+      ddiloco::decode(c, encoded, d);
       tb.decoded.push_back(std::move(d));
     }
   }
@@ -289,7 +298,7 @@ TestBatch make_batch(const BatchMode& mode, std::size_t n, std::size_t b, std::u
       c.values = tb.values[k];
     } else {
       c.codec = tb.codecs[k];
-      c.bytes = tb.bytes[k];
+      c.bytes = std::span<const std::byte>(tb.bytes[k]).subspan(mode.odd_address ? 1 : 0);
     }
     tb.batch.push_back(c);
   }
@@ -302,7 +311,7 @@ void add_one_by_one(fast::RadialDirectional::Accumulator& acc, const TestBatch& 
     if (floats) {
       acc.add(tb.values[k], tb.weights[k]);
     } else {
-      acc.add_encoded(tb.codecs[k], tb.bytes[k], tb.weights[k]);
+      acc.add_encoded(tb.codecs[k], tb.batch[k].bytes, tb.weights[k]);
     }
   }
 }

@@ -794,6 +794,15 @@ inline bool decode_range(Codec codec, const std::byte* in, std::size_t n, std::s
   return detail::decode_range_base(codec, in, n, lo, len, out);
 }
 
+/// An fp32 payload's floats read where they are (a received frame, no copy):
+/// `in` itself when the codec is fp32, the machine little-endian (the wire
+/// order) and `in` aligned for float; nullptr otherwise, and the caller decodes.
+inline const float* fp32_in_place(Codec codec, const std::byte* in) noexcept {
+  if constexpr (std::endian::native != std::endian::little) return nullptr;
+  if (codec != Codec::fp32 || reinterpret_cast<std::uintptr_t>(in) % alignof(float) != 0) return nullptr;
+  return reinterpret_cast<const float*>(in);
+}
+
 namespace detail {
 /// encoded_squared_norm, and with Check also the validity of every block it
 /// reads (the checks of valid_encoding), or-ed into `bad`.
@@ -803,6 +812,7 @@ template <bool Check, bool Avx2 = false>
   alignas(64) float buf[kQuantBlock];
   double total = 0.0;
   const std::size_t hi = lo + len;
+  if (const float* f = fp32_in_place(codec, in)) return squared_norm(f + lo, len);
   if (codec != Codec::int8 && codec != Codec::int4) {
     alignas(64) float chunk[kChunk];
     for (std::size_t a = lo; a < hi; a += kChunk) {

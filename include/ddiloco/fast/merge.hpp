@@ -239,7 +239,9 @@ struct RadialDirectional {
                                                    " tensors; pass one squared norm per tensor, or none"));
         }
         if (c.weight == 0.0) continue;
-        items.push_back({floats ? c.values.data() : nullptr, floats ? nullptr : c.bytes.data(), c.codec, c.weight,
+        // fp32 bytes (a received frame) are read as floats where they lie, when aligned.
+        const float* values = floats ? c.values.data() : fp32_in_place(c.codec, c.bytes.data());
+        items.push_back({values, values ? nullptr : c.bytes.data(), c.codec, c.weight,
                          c.tensor_sq.empty() ? nullptr : c.tensor_sq.data(), k});
       }
       if (items.empty()) return;
