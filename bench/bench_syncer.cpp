@@ -26,7 +26,6 @@
 // (scripts/bench.sh does).
 #include <ddiloco/clock.hpp>
 #include <ddiloco/codec.hpp>
-#include <ddiloco/detail/frame_pool.hpp>
 #include <ddiloco/fast/kernels.hpp>
 #include <ddiloco/fast/merge.hpp>
 #include <ddiloco/fragmenter.hpp>
@@ -439,37 +438,30 @@ void BM_LearnerStepNothingDue(benchmark::State& state) {
 }
 
 /// The learner side of ZmqLearnerTransport without the socket, framing as it
-/// does: frame buffers from a FramePool, the payload encoded by OuterLoop
-/// straight into the lent frame (contribution_buffer), encode_frame_into for
-/// the header and CRC32C; the frame is then dropped, as if ZeroMQ had put it on
-/// the wire at once (its buffer goes back to the pool). Everything else goes
-/// over the in-process network. Without `encoding` it offers no codec: OuterLoop
-/// sends fp32 and the frame encodes it (the path before issue 6's learner work,
-/// less the zero-filled buffers it also had).
+/// does (detail::LendingFramer: pooled frame buffers, the payload encoded by
+/// OuterLoop straight into the lent frame, encode_frame_into for the header and
+/// CRC32C); the frame is then dropped, as if ZeroMQ had put it on the wire at
+/// once (its buffer goes back to the pool). Everything else goes over the
+/// in-process network. Without `encoding` it offers no codec: OuterLoop sends
+/// fp32 and the frame encodes it (the path before issue 6's learner work, less
+/// the zero-filled buffers it also had).
 struct FramingTransport {
   explicit FramingTransport(ddiloco::InProcessLearnerTransport t) : inner(std::move(t)) {}
   ddiloco::InProcessLearnerTransport inner;
   Codec codec = Codec::fp32;
   bool encoding = true;
-  std::shared_ptr<ddiloco::detail::FramePool> pool = std::make_shared<ddiloco::detail::FramePool>();
-  std::weak_ptr<ddiloco::detail::FrameBlock> lent;
+  ddiloco::detail::LendingFramer framer;
   std::size_t frame_bytes = 0;
 
   [[nodiscard]] std::optional<Codec> contribution_codec() const noexcept {
     return encoding ? std::optional<Codec>(codec) : std::nullopt;
   }
-  ddiloco::OutgoingPayload contribution_buffer(std::size_t bytes) {
-    auto block = pool->acquire(ddiloco::kFrameHeaderSize + bytes);
-    lent = block;
-    return {std::span<std::byte>(block->data.get() + ddiloco::kFrameHeaderSize, bytes), std::move(block)};
-  }
+  ddiloco::OutgoingPayload contribution_buffer(std::size_t bytes) { return framer.lend(bytes); }
   bool send(ddiloco::Message&& m) {
     if (m.type != ddiloco::MessageType::contribution) return inner.send(std::move(m));
-    frame_bytes = ddiloco::frame_size(m, codec);
-    auto frame = lent.lock();
-    if (!frame || frame->size != frame_bytes) frame = pool->acquire(frame_bytes);
-    ddiloco::encode_frame_into(m, codec, std::span<std::byte>(frame->data.get(), frame_bytes));
+    const auto frame = framer.frame(m, codec);
     benchmark::DoNotOptimize(frame->data.get());
+    frame_bytes = frame->size;
     return true;
   }
   std::optional<ddiloco::Message> try_receive() { return inner.try_receive(); }

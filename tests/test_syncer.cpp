@@ -84,6 +84,22 @@ SyncerConfig k_of(std::size_t k, bool grace = false) {
 
 }  // namespace
 
+/// A K = 1 Syncer<> with learner 1 joined, for the rejection tests: the global
+/// state before any contribution, and the rejections counted by reason.
+struct JoinedSyncer {
+  Rig r;
+  Syncer<> s{r.plan, r.init, r.clock, k_of(1)};
+  std::size_t p = r.fragment_of_w();
+  std::vector<float> before;
+  JoinedSyncer() {
+    r.join(s, 1);
+    before = s.global_parameters();
+  }
+  [[nodiscard]] std::uint64_t rejected(RejectReason why) const {
+    return s.status().rejected[static_cast<std::size_t>(why)];
+  }
+};
+
 TEST_CASE("A join is answered with the full state: one full_state message per fragment", "[syncer]") {
   Rig r;
   Syncer<> s(r.plan, r.init, r.clock, k_of(1));
@@ -288,12 +304,9 @@ TEST_CASE("A contribution against a base older than the bound is rejected and an
 }
 
 TEST_CASE("Malformed contributions are rejected by reason and never change the global state", "[syncer]") {
-  Rig r;
-  Syncer<> s(r.plan, r.init, r.clock, k_of(1));
-  r.join(s, 1);
-  const auto p = r.fragment_of_w();
-  const auto before = s.global_parameters();
-  auto reason = [&](RejectReason why) { return s.status().rejected[static_cast<std::size_t>(why)]; };
+  JoinedSyncer j;
+  auto& [r, s, p, before] = j;
+  auto reason = [&](RejectReason why) { return j.rejected(why); };
 
   Message foreign = r.contribution(1, p, 0.1f, Rig::seq0() + 1);
   foreign.fingerprint ^= 1;
@@ -1071,12 +1084,9 @@ TEMPLATE_TEST_CASE("An encoded contribution is merged as its decoded values woul
 
 TEST_CASE("A corrupt encoded contribution is rejected by reason and never changes the global state",
           "[syncer][encoded]") {
-  Rig r;
-  Syncer<> s(r.plan, r.init, r.clock, k_of(1));
-  r.join(s, 1);
-  const auto p = r.fragment_of_w();
-  const auto before = s.global_parameters();
-  auto reason = [&](RejectReason why) { return s.status().rejected[static_cast<std::size_t>(why)]; };
+  JoinedSyncer j;
+  auto& [r, s, p, before] = j;
+  auto reason = [&](RejectReason why) { return j.rejected(why); };
   const Message good = r.contribution(1, p, 0.1f, Rig::seq0() + 1);
 
   // The owner holds a mutable copy of the bytes so that each case can break them.

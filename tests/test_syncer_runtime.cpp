@@ -56,6 +56,20 @@ Message contribution(const Plan& plan, LearnerId id, std::size_t p, std::uint64_
   return m;
 }
 
+/// A Syncer<> on the steady clock behind an in-process network, driven by a
+/// SyncerRuntime with `workers` threads, and `learners` joined learners.
+struct SteadyRig {
+  SteadyClock clock;
+  Plan plan = small_plan();
+  InProcessNetwork net{clock, {}, std::size_t{1} << 16};
+  InProcessSyncerTransport link = net.syncer();
+  Syncer<> syncer{plan, std::vector<float>(plan.total_numel(), 0.0f), clock, k1()};
+  SyncerRuntime<Syncer<>, InProcessSyncerTransport> runtime;
+  SteadyRig(LearnerId learners, SyncerRuntimeConfig rc) : runtime(syncer, link, rc) {
+    for (LearnerId id = 1; id <= learners; ++id) runtime.deliver(join(plan, id));
+  }
+};
+
 // fast::RadialDirectional whose first add() blocks until the test releases it,
 // so that contributions queue up behind a running drain; counts batched adds.
 struct GatedRda {
@@ -93,15 +107,10 @@ TEST_CASE(
     "[syncer_runtime]") {
   constexpr LearnerId kProducers = 4;
   constexpr std::uint64_t kPerProducer = 300;
-  SteadyClock clock;
-  const Plan plan = small_plan();
-  InProcessNetwork net(clock, {}, std::size_t{1} << 16);
-  auto link = net.syncer();
-  Syncer<> syncer(plan, std::vector<float>(plan.total_numel(), 0.0f), clock, k1());
   SyncerRuntimeConfig rc;
   rc.workers = 2;
-  SyncerRuntime runtime(syncer, link, rc);
-  for (LearnerId id = 1; id <= kProducers; ++id) runtime.deliver(join(plan, id));
+  SteadyRig rig(kProducers, rc);
+  auto& [clock, plan, net, link, syncer, runtime] = rig;
   {
     std::latch go(kProducers);
     std::vector<std::jthread> producers;
@@ -133,16 +142,11 @@ TEST_CASE(
     "[syncer_runtime]") {
   constexpr LearnerId kLearners = 3;
   constexpr std::uint64_t kPerLearner = 200;
-  SteadyClock clock;
-  const Plan plan = small_plan();
-  InProcessNetwork net(clock, {}, std::size_t{1} << 16);
-  auto link = net.syncer();
-  Syncer<> syncer(plan, std::vector<float>(plan.total_numel(), 0.0f), clock, k1());
   SyncerRuntimeConfig rc;
   rc.workers = 2;
   rc.poll = 1ms;
-  SyncerRuntime runtime(syncer, link, rc);
-  for (LearnerId id = 1; id <= kLearners; ++id) runtime.deliver(join(plan, id));
+  SteadyRig rig(kLearners, rc);
+  auto& [clock, plan, net, link, syncer, runtime] = rig;
   runtime.start();
   std::atomic<std::size_t> refused{0};
   {

@@ -57,6 +57,7 @@
 
 #include <ddiloco/codec.hpp>
 #include <ddiloco/detail/checksum.hpp>
+#include <ddiloco/detail/frame_pool.hpp>
 #include <ddiloco/error.hpp>
 #include <ddiloco/fast/kernels.hpp>
 #include <ddiloco/message.hpp>
@@ -472,5 +473,40 @@ inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeL
   counters.record(r);
   return r;
 }
+
+namespace detail {
+/// A learner's frames in pooled buffers, with the payload part of the next
+/// contribution's frame lent out (ContributionBufferTransport): lend() hands
+/// OuterLoop that part to encode into, frame() writes the header and checksum
+/// around it when the message's encoded bytes are those, else writes the whole
+/// frame into another pooled buffer. Used from one thread.
+class LendingFramer {
+ public:
+  [[nodiscard]] OutgoingPayload lend(std::size_t bytes) {
+    auto block = pool_->acquire(kFrameHeaderSize + bytes);
+    lent_ = block;
+    return OutgoingPayload{std::span<std::byte>(block->data.get() + kFrameHeaderSize, bytes), std::move(block)};
+  }
+
+  /// m's frame in `codec` (encode_frame_into: every byte written, never zero-filled).
+  [[nodiscard]] std::shared_ptr<FrameBlock> frame(const Message& m, Codec codec) {
+    const std::size_t size = frame_size(m, codec);
+    std::shared_ptr<FrameBlock> block = lent_.lock();
+    lent_.reset();
+    if (!block || !m.encoded || m.encoded->bytes.data() != block->data.get() + kFrameHeaderSize ||
+        block->size != size) {
+      block = pool_->acquire(size);
+    }
+    encode_frame_into(m, codec, std::span<std::byte>(block->data.get(), size));
+    return block;
+  }
+
+  [[nodiscard]] const FramePool& pool() const noexcept { return *pool_; }
+
+ private:
+  std::shared_ptr<FramePool> pool_ = std::make_shared<FramePool>();
+  std::weak_ptr<FrameBlock> lent_;  ///< the buffer of lend(), until frame()
+};
+}  // namespace detail
 
 }  // namespace ddiloco

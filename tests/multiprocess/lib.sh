@@ -85,6 +85,25 @@ start_syncer() {
   wait_until 30 "syncer $name to write its status file" test -s "$WORK/$name.status"
 }
 
+# exited PID: true once the process is gone.
+exited() { ! kill -0 "$1" 2>/dev/null; }
+
+# expect_clean_exit WHAT PID: fails unless the process exits within 30 s with
+# status 0 (a sanitizer report would make it non-zero).
+expect_clean_exit() {
+  wait_until 30 "$1 to exit" exited "$2"
+  local rc=0
+  wait "$2" || rc=$?
+  [ "$rc" -eq 0 ] || fail "$1 exited with status $rc"
+}
+
+# stop_syncer_with_sigterm: SIGTERM to SYNCER_PID, which must then exit cleanly
+# (it checkpoints, if configured, and stops).
+stop_syncer_with_sigterm() {
+  kill -TERM "$SYNCER_PID"
+  expect_clean_exit "the syncer (after SIGTERM)" "$SYNCER_PID"
+}
+
 # start_learner LOGNAME ID SHARDS STEPS [FLAGS...]: sets LEARNER_PID.
 start_learner() {
   local log=$1 id=$2 shards=$3 steps=$4

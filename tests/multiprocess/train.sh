@@ -23,12 +23,8 @@ for i in 0 1 2 3; do
   wait_until 120 "learner $i to finish $STEPS steps" log_has "l$i" "learner $i: done"
 done
 # Clean exits (a sanitizer report would make them non-zero).
-exited() { ! kill -0 "$1" 2>/dev/null; }
 for i in 0 1 2 3; do
-  wait_until 30 "learner $i to exit" exited "${LPID[i]}"
-  rc=0
-  wait "${LPID[i]}" || rc=$?
-  [ "$rc" -eq 0 ] || fail "learner $i exited with status $rc"
+  expect_clean_exit "learner $i" "${LPID[i]}"
 done
 for i in 0 1 2 3; do
   val=$(final_val "l$i")
@@ -40,10 +36,6 @@ note "syncer: merges $merges accepted $(status accepted syncer) auth_denied $(st
 [ "$merges" -ge 20 ] || fail "only $merges merges for 4 x $STEPS steps"
 [ "$(status auth_denied syncer)" -eq 0 ] || fail "the syncer refused a listed key"
 # SIGTERM: the syncer checkpoints (none configured here), stops and exits cleanly.
-kill -TERM "$SYNCER_PID"
-wait_until 30 "the syncer to stop on SIGTERM" exited "$SYNCER_PID"
-rc=0
-wait "$SYNCER_PID" || rc=$?
-[ "$rc" -eq 0 ] || fail "the syncer exited with status $rc after SIGTERM"
+stop_syncer_with_sigterm
 log_has syncer "syncer: signal 15: stopping" || fail "the syncer did not report the signal"
 note "PASS"

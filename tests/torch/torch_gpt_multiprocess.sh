@@ -40,12 +40,8 @@ done
 for i in 0 1; do
   wait_until 120 "learner $i to finish $STEPS steps" log_has "l$i" "learner $i: done"
 done
-exited() { ! kill -0 "$1" 2>/dev/null; }
 for i in 0 1; do
-  wait_until 30 "learner $i to exit" exited "${LPID[i]}"
-  rc=0
-  wait "${LPID[i]}" || rc=$?
-  [ "$rc" -eq 0 ] || fail "learner $i exited with status $rc"
+  expect_clean_exit "learner $i" "${LPID[i]}"
 done
 
 # The loss went down. Each learner prints the validation loss of the global state it received at
@@ -80,9 +76,5 @@ note "syncer: joins $(status joins syncer) known $(status learners_known syncer)
 [ "$(status joins syncer)" -ge 2 ] || fail "the syncer saw $(status joins syncer) joins, not 2"
 [ "$(status merges syncer)" -ge 5 ] || fail "only $(status merges syncer) merges for 2 x $STEPS steps"
 
-kill -TERM "$SYNCER_PID"
-wait_until 30 "the syncer to stop on SIGTERM" exited "$SYNCER_PID"
-rc=0
-wait "$SYNCER_PID" || rc=$?
-[ "$rc" -eq 0 ] || fail "the syncer exited with status $rc after SIGTERM"
+stop_syncer_with_sigterm
 note "PASS"

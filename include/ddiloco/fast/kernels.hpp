@@ -208,23 +208,29 @@ inline void store_scaled_i8x16(__m128i q, __m128 vs, float* o) noexcept {
   _mm_storeu_ps(o + 8, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(w1, w1), 16)), vs));
   _mm_storeu_ps(o + 12, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(w1, w1), 16)), vs));
 }
+
+/// The 32 int4 codes in the 16 bytes at c as two vectors of 16 signed bytes in
+/// element order (q[0]: codes 0..15, q[1]: 16..31); sets the bytes of badv
+/// where a code is the invalid -8. Shared by the SSE2 and AVX2 int4 decoders.
+[[gnu::always_inline]] inline void unpack_int4x32(const unsigned char* c, __m128i& badv, __m128i (&q)[2]) noexcept {
+  const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c));
+  const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+  badv = _mm_or_si128(badv, _mm_or_si128(_mm_cmpeq_epi8(lo, eight), _mm_cmpeq_epi8(hi, eight)));
+  q[0] = _mm_sub_epi8(_mm_xor_si128(_mm_unpacklo_epi8(lo, hi), eight), eight);
+  q[1] = _mm_sub_epi8(_mm_xor_si128(_mm_unpackhi_epi8(lo, hi), eight), eight);
+}
 #endif
 
 /// Decodes one whole int4 block (32 bytes at c) into o[0..64).
 inline unsigned int4_block_decode(const unsigned char* c, float s, float* __restrict__ o) noexcept {
 #if defined(__SSE2__)
-  const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
   const __m128 vs = _mm_set1_ps(s);
   __m128i badv = _mm_setzero_si128();
   for (int h = 0; h < 2; ++h) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * h));
-    const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-    badv = _mm_or_si128(badv, _mm_or_si128(_mm_cmpeq_epi8(lo, eight), _mm_cmpeq_epi8(hi, eight)));
-    const __m128i e[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)};  // codes in element order
-    for (int k = 0; k < 2; ++k) {
-      const __m128i q = _mm_sub_epi8(_mm_xor_si128(e[k], eight), eight);
-      store_scaled_i8x16(q, vs, o + 32 * h + 16 * k);
-    }
+    __m128i q[2];
+    unpack_int4x32(c + 16 * h, badv, q);
+    for (int k = 0; k < 2; ++k) store_scaled_i8x16(q[k], vs, o + 32 * h + 16 * k);
   }
   return static_cast<unsigned>(_mm_movemask_epi8(badv));
 #else
@@ -261,6 +267,17 @@ inline unsigned int8_block_decode(const unsigned char* c, float s, float* __rest
 #endif
 }
 
+#if defined(__SSE2__)
+/// The sum of acc's four 32-bit lanes (a block's sum of q^2); ors the byte
+/// mask of badv (invalid codes found) into bad.
+inline std::uint32_t block_sq_total(__m128i acc, __m128i badv, unsigned& bad) noexcept {
+  acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4E));
+  acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xB1));
+  bad |= static_cast<unsigned>(_mm_movemask_epi8(badv));
+  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(acc));
+}
+#endif
+
 /// sum_j q_j^2 of one whole int4 block; sets bad nonzero on a -8 code.
 inline std::uint32_t int4_block_sq(const unsigned char* c, unsigned& bad) noexcept {
 #if defined(__SSE2__)
@@ -280,10 +297,7 @@ inline std::uint32_t int4_block_sq(const unsigned char* c, unsigned& bad) noexce
     acc = _mm_add_epi32(acc, _mm_add_epi32(_mm_add_epi32(_mm_madd_epi16(q0, q0), _mm_madd_epi16(q1, q1)),
                                            _mm_add_epi32(_mm_madd_epi16(q2, q2), _mm_madd_epi16(q3, q3))));
   }
-  acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4E));
-  acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xB1));
-  bad |= static_cast<unsigned>(_mm_movemask_epi8(badv));
-  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(acc));
+  return block_sq_total(acc, badv, bad);
 #else
   std::uint32_t q2 = 0;
   for (std::size_t j = 0; j < kQuantBlock / 2; ++j) {
@@ -307,10 +321,7 @@ inline std::uint32_t int8_block_sq(const unsigned char* c, unsigned& bad) noexce
     const __m128i w0 = _mm_srai_epi16(_mm_unpacklo_epi8(q, q), 8), w1 = _mm_srai_epi16(_mm_unpackhi_epi8(q, q), 8);
     acc = _mm_add_epi32(acc, _mm_add_epi32(_mm_madd_epi16(w0, w0), _mm_madd_epi16(w1, w1)));
   }
-  acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4E));
-  acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xB1));
-  bad |= static_cast<unsigned>(_mm_movemask_epi8(badv));
-  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(acc));
+  return block_sq_total(acc, badv, bad);
 #else
   std::uint32_t q2 = 0;
   for (std::size_t j = 0; j < kQuantBlock; ++j) {
@@ -423,19 +434,15 @@ inline void int8_block_encode(const float* __restrict__ x, float inv, unsigned c
 // and a pshufb table of squared int4 codes summed with psadbw).
 __attribute__((target("avx2"))) inline unsigned int4_block_decode_avx2(const unsigned char* c, float s,
                                                                        float* __restrict__ o) noexcept {
-  const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
   const __m256 vs = _mm256_set1_ps(s);
   __m128i badv = _mm_setzero_si128();
   for (int h = 0; h < 2; ++h) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * h));
-    const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-    badv = _mm_or_si128(badv, _mm_or_si128(_mm_cmpeq_epi8(lo, eight), _mm_cmpeq_epi8(hi, eight)));
-    const __m128i e[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)};
+    __m128i q[2];
+    unpack_int4x32(c + 16 * h, badv, q);
     for (int k = 0; k < 2; ++k) {
-      const __m128i q = _mm_sub_epi8(_mm_xor_si128(e[k], eight), eight);
       float* ok = o + 32 * h + 16 * k;
-      _mm256_storeu_ps(ok, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), vs));
-      _mm256_storeu_ps(ok + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), vs));
+      _mm256_storeu_ps(ok, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q[k])), vs));
+      _mm256_storeu_ps(ok + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q[k], 8))), vs));
     }
   }
   return static_cast<unsigned>(_mm_movemask_epi8(badv));

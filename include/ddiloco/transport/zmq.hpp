@@ -650,16 +650,12 @@ class ZmqLearnerTransport {
   /// OuterLoop to encode into (ContributionBufferTransport): send() then writes
   /// the header and checksum around it and hands the frame to ZeroMQ, with no
   /// copy of the payload. A buffer lent and not sent is simply given back.
-  [[nodiscard]] OutgoingPayload contribution_buffer(std::size_t bytes) {
-    auto block = pool_->acquire(kFrameHeaderSize + bytes);
-    lent_ = block;
-    return OutgoingPayload{std::span<std::byte>(block->data.get() + kFrameHeaderSize, bytes), std::move(block)};
-  }
+  [[nodiscard]] OutgoingPayload contribution_buffer(std::size_t bytes) { return framer_.lend(bytes); }
 
   /// Frames written into the buffer of an earlier, sent frame, and such buffers
   /// waiting now (see FramePool).
-  [[nodiscard]] std::uint64_t reused_frame_buffers() const { return pool_->reused(); }
-  [[nodiscard]] std::size_t idle_frame_buffers() const { return pool_->idle(); }
+  [[nodiscard]] std::uint64_t reused_frame_buffers() const { return framer_.pool().reused(); }
+  [[nodiscard]] std::size_t idle_frame_buffers() const { return framer_.pool().idle(); }
 
   bool send(Message&& m) {
     if (dealer_ == nullptr) throw TransportError("ZmqLearnerTransport: closed");
@@ -671,15 +667,10 @@ class ZmqLearnerTransport {
       m.payload.reset();
       m.encoded = EncodedPayload{config_.codec, elements, with_feedback, nullptr};
     }
-    const Codec codec = m.type == MessageType::contribution ? config_.codec : Codec::fp32;
-    const std::size_t size = frame_size(m, codec);
     // The frame the payload was written into (contribution_buffer), else a pooled one.
-    std::shared_ptr<detail::FrameBlock> frame = lent_.lock();
-    lent_.reset();
-    if (!frame || !m.encoded || m.encoded->bytes.data() != frame->data.get() + kFrameHeaderSize || frame->size != size) {
-      frame = pool_->acquire(size);
-    }
-    encode_frame_into(m, codec, std::span<std::byte>(frame->data.get(), size));  // every byte: never zero-filled
+    std::shared_ptr<detail::FrameBlock> frame =
+        framer_.frame(m, m.type == MessageType::contribution ? config_.codec : Codec::fp32);
+    const std::size_t size = frame->size;
     m = Message{};  // drop the sender's reference: ZeroMQ's is the last one
     if (detail::send_frame_zero_copy(dealer_, std::move(frame), ZMQ_DONTWAIT) < 0) {
       ++counters_.send_dropped;  // no connection (IMMEDIATE) or high-water mark: back-pressure
@@ -740,8 +731,7 @@ class ZmqLearnerTransport {
   void* context_ = nullptr;
   void* dealer_ = nullptr;
   std::optional<ErrorFeedbackEncoder> feedback_;
-  std::shared_ptr<detail::FramePool> pool_ = std::make_shared<detail::FramePool>();
-  std::weak_ptr<detail::FrameBlock> lent_;  ///< the buffer of contribution_buffer(), until send()
+  detail::LendingFramer framer_;
   ZmqCounters counters_{};
 };
 
