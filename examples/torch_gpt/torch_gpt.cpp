@@ -41,7 +41,7 @@
 #include <string>
 #include <vector>
 
-#include "../common/cli.hpp"
+#include "cli.hpp"
 
 bool torch_gpt_sgemm_is_onednn();  // onednn_sgemm.cpp
 

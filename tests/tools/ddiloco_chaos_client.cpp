@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "common/cli.hpp"
+#include "cli.hpp"
 
 using namespace ddiloco;
 

@@ -20,7 +20,7 @@
 #include <fstream>
 #include <thread>
 
-#include "common/cli.hpp"
+#include "cli.hpp"
 
 using namespace ddiloco;
 namespace fs = std::filesystem;

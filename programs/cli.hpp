@@ -1,4 +1,4 @@
-// examples/common/cli.hpp: the small flag parser the ddiloco programs share.
+// programs/cli.hpp: the small flag parser the ddiloco programs (and the examples) share.
 //
 // Flags are `--name value` or `--name=value`, booleans `--name`; a config file
 // (`--config FILE`) holds `name = value` lines with `#` comments, and flags on

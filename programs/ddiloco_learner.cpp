@@ -14,7 +14,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "common/cli.hpp"
+#include "cli.hpp"
 
 using namespace ddiloco;
 namespace ref = ddiloco::reference;
