@@ -1,4 +1,4 @@
-// Benchmarks for issue 6: the syncer's merge + outer step and the learner's
+// Performance benchmarks (docs/performance.md): the syncer's merge + outer step and the learner's
 // step against the machine's memory bandwidth (<ddiloco/fast/merge.hpp>,
 // <ddiloco/fast/kernels.hpp>, the references they are tested against, OuterLoop).
 //
@@ -443,7 +443,7 @@ void BM_LearnerStepNothingDue(benchmark::State& state) {
 /// CRC32C); the frame is then dropped, as if ZeroMQ had put it on the wire at
 /// once (its buffer goes back to the pool). Everything else goes over the
 /// in-process network. Without `encoding` it offers no codec: OuterLoop sends
-/// fp32 and the frame encodes it (the path before issue 6's learner work, less
+/// fp32 and the frame encodes it (the learner's send path before the lent-frame encoder, less
 /// the zero-filled buffers it also had).
 struct FramingTransport {
   explicit FramingTransport(ddiloco::InProcessLearnerTransport t) : inner(std::move(t)) {}

@@ -1,5 +1,5 @@
-// Benchmark for issue 6 ("no extra copies of payloads between the socket and
-// the accumulator"): one merge round of the Syncer fed from received wire
+// Benchmark of the target "no extra copies of payloads between the socket and
+// the accumulator" (docs/performance.md): one merge round of the Syncer fed from received wire
 // frames, the path a ZeroMQ syncer runs minus the socket itself:
 //   decoded  decode_frame (checks, then an fp32 vector per contribution), then
 //            Syncer::handle_batch of the fp32 payloads (finiteness + norm scan,

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch peer for bench/bench_syncer.cpp (issue 6).
+"""PyTorch peer for bench/bench_syncer.cpp (docs/performance.md).
 
 The same outer step the way PyTorch users write it: average the pseudo-gradients
 of M learners (token-weighted: sum_m w_m g_m / sum_m w_m), hand the average to

@@ -1,4 +1,4 @@
-// chaos_demo: the main job of issue 3. Four learners of the reference character model
+// chaos_demo: the project's main demonstration. Four learners of the reference character model
 // (<ddiloco/reference/char_lm.hpp>) on the fortunes corpus, each on its own data shard, train with
 // four methods at equal token budgets, with and without a failure tape, and the demo reports the
 // validation loss of the GLOBAL parameters (the syncer's), simulated wall time, goodput and global

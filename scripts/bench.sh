@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The performance suite of issue 6, one command:
+# The performance suite (docs/performance.md), one command:
 #   scripts/bench.sh                 # 5 repetitions per benchmark, medians
 #   REPS=3 BUILD=build-l scripts/bench.sh
 # Builds bench_syncer and bench_fragmenter (Release), runs them with

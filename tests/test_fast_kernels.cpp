@@ -107,7 +107,7 @@ TEST_CASE("fast scaled_nesterov equals scale, participation share and NesterovSG
 }
 
 TEST_CASE("fast scaled_nesterov matches a hand-computed first Nesterov step, Theta 1 -> 0.867", "[fast]") {
-  // Hand computation (algorithm.md 4.2): Theta = 1, Delta = 0.1, b = 0 -> b = 0.1,
+  // Hand computation (docs/algorithm.md, "Outer optimizer"): Theta = 1, Delta = 0.1, b = 0 -> b = 0.1,
   // Theta = 1 - 0.7 * (0.1 + 0.9 * 0.1) = 1 - 0.133 = 0.867. With c = 0.5 and
   // mean = 0.2 the fused kernel forms the same Delta = 0.1.
   float theta = 1.0f, b = 0.0f;

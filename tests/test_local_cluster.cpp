@@ -156,7 +156,8 @@ TEST_CASE("A killed learner restarts, rejoins with the global state and contribu
 // instead of 3.9 here) and the global takes more, smaller-quorum steps: the
 // effective outer learning rate rises. Measured on this tape: RMS distance 0.17
 // after the budget, against 0.003 without faults and 0.7 at the start. This is
-// the effect the grace window exists to counter (algorithm.md 4.5); the test
+// the effect the grace window exists to counter (docs/algorithm.md, "Quorum and grace
+// window"); the test
 // asserts the protocol (at-most-once merging, progress), not the optimum.
 TEST_CASE("Dropped, duplicated and reordered messages are survived: duplicates are merged at most once", "[cluster]") {
   ClusterConfig c = decoupled(4);

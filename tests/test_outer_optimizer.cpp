@@ -41,7 +41,7 @@ void require_near(const std::vector<float>& got, const std::vector<double>& want
 }
 }  // namespace
 
-TEST_CASE("Nesterov SGD reproduces the worked value 0.665 of algorithm.md 4.2", "[outer_optimizer]") {
+TEST_CASE("Nesterov SGD reproduces the worked value 0.665 of docs/algorithm.md", "[outer_optimizer]") {
   const NesterovSGD opt;  // eta = 0.7, mu = 0.9
   std::vector<float> theta{1.0f};
   std::vector<float> delta{0.5f};

@@ -1,5 +1,6 @@
 // Tests for ddiloco/quorum.hpp: minimum quorum and adaptive grace window
-// (algorithm.md 4.5, paper Eq. 3), driven by a VirtualClock.
+// (docs/algorithm.md, "Quorum and grace window"; paper Eq. 3), driven by a
+// VirtualClock.
 #include <ddiloco/quorum.hpp>
 
 #include <catch2/catch.hpp>

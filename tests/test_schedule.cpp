@@ -1,4 +1,5 @@
-// Tests for <ddiloco/schedule.hpp>: the streaming schedule (algorithm.md 4.6).
+// Tests for <ddiloco/schedule.hpp>: the streaming schedule
+// (docs/algorithm.md, "Schedule").
 // Expected offsets and steps are worked out by hand in the comments next to them.
 #include <catch2/catch.hpp>
 

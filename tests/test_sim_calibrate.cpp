@@ -25,7 +25,7 @@ TEST_CASE("Calibration recovers a restart cost from goodput figures it generated
   CHECK(fit.elastic[0].model == Approx(0.9).margin(0.01));
 }
 
-TEST_CASE("The paper's targets are the table of algorithm.md section 5", "[sim][calibrate]") {
+TEST_CASE("The paper's targets are the goodput table of docs/algorithm.md", "[sim][calibrate]") {
   const auto dp = paper_data_parallel_targets();
   const auto el = paper_elastic_targets();
   REQUIRE(dp.size() == 5);

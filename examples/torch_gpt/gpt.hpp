@@ -122,7 +122,7 @@ struct GptImpl : torch::nn::Module {
 
   /// The tensor list for make_plan, in parameters() order: token and position
   /// embeddings and the output head (the unembedding) are marked `embedding`,
-  /// so the merge averages them plainly (algorithm.md 4.4).
+  /// so the merge averages them plainly (docs/algorithm.md, "Radial-Directional Averaging").
   std::vector<ddiloco::TensorSpec> tensor_specs() {
     std::vector<ddiloco::TensorSpec> specs;
     for (const auto& p : named_parameters()) {

@@ -1,4 +1,4 @@
-// ddiloco/checkpoint.hpp: the syncer's checkpoint files (issue 4, "Durability").
+// ddiloco/checkpoint.hpp: the syncer's checkpoint files (durability).
 //
 // What it is: a binary file format for a SyncerSnapshot, an atomic writer
 // (temporary file, fsync, rename, fsync of the directory) that keeps the newest

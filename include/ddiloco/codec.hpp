@@ -26,7 +26,7 @@
 //   q_j = clamp(round_half_even(x_j / s_b), -Q, Q)   (q_j = 0 when s_b = 0)
 //   decoded x'_j = q_j * s_b, so |x_j - x'_j| <= s_b / 2 (+ fp32 rounding).
 // Symmetric absmax quantisation as used for the int4 outer gradients of the
-// DiLoCo papers (algorithm.md, "communication"); -128 / -8 are never produced.
+// DiLoCo papers (docs/algorithm.md, "Codecs and error feedback"); -128 / -8 are never produced.
 // The int codecs reject non-finite inputs (InvalidArgument): a NaN or inf would
 // poison a whole block's scale.
 //

@@ -4,7 +4,7 @@
 // that every process of a run derives identically: which tensors form each
 // fragment, where each tensor sits in its fragment's flat buffer, and a
 // fingerprint that processes compare to make sure they agree
-// (algorithm.md 2 and 4.1). Three strategies share one interface:
+// (docs/algorithm.md, "Roles" and "Fragmentation"). Three strategies share one interface:
 // `BalancedGreedy` (the default, Graham's LPT rule), `LayerContiguous` and
 // `PerTensor`; the paper found model quality the same for all three and chose
 // balanced because it flattens traffic.
@@ -37,7 +37,9 @@ namespace ddiloco {
 struct TensorSpec {
   std::string name;        ///< unique within a model, no whitespace (see tensor_list.hpp)
   std::size_t numel = 0;   ///< number of elements, > 0
-  bool embedding = false;  ///< embedding/unembedding: merged with a plain average (algorithm.md 4.4)
+  /// embedding/unembedding: merged with a plain average (docs/algorithm.md,
+  /// "Radial-Directional Averaging")
+  bool embedding = false;
 
   friend bool operator==(const TensorSpec&, const TensorSpec&) = default;
 };
@@ -71,7 +73,7 @@ concept FragmentStrategy = std::default_initializable<S> && requires(const S s, 
   { s.assign(t, p) } -> std::same_as<std::vector<std::size_t>>;
 };
 
-/// Graham's LPT rule (algorithm.md 4.1): visit tensors by size, largest first
+/// Graham's LPT rule (docs/algorithm.md, "Fragmentation"): visit tensors by size, largest first
 /// (equal sizes: lower tensor index first), and put each into the currently
 /// lightest fragment (equal loads: lower fragment index). The largest fragment
 /// is at most (4/3 - 1/(3P)) times the optimum. O(n log n + n log P).

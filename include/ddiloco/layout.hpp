@@ -16,7 +16,8 @@ namespace ddiloco {
 struct TensorSegment {
   std::size_t offset = 0;  ///< first element inside the fragment buffer
   std::size_t size = 0;    ///< number of elements
-  bool embedding = false;  ///< merged with a plain weighted average (algorithm.md 4.4)
+  /// merged with a plain weighted average (docs/algorithm.md, "Radial-Directional Averaging")
+  bool embedding = false;
 
   friend bool operator==(const TensorSegment&, const TensorSegment&) = default;
 };

@@ -14,7 +14,7 @@
 //     threads, on the real steady clock (tests run it under ThreadSanitizer).
 // What it is not: a trainer (the user's ClusterTrainer does the inner steps).
 //
-// Measures (algorithm.md 5): goodput = time learners spent computing inner
+// Measures (docs/algorithm.md, "Published figures"): goodput = time learners spent computing inner
 // steps / time they were provisioned for (dead, joining and waiting time is
 // lost); global downtime = time during which no learner was computing;
 // merge-free windows = windows of H step times, after the first merge, in

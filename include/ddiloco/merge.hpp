@@ -1,5 +1,6 @@
 // ddiloco/merge.hpp: merge rules that combine the learners' outer gradients of
-// one fragment into one (algorithm.md 4.4), as streaming accumulators.
+// one fragment into one (docs/algorithm.md, "Radial-Directional Averaging"), as
+// streaming accumulators.
 //
 // What it is: the `MergeRule` concept and two rules: `WeightedAverage`
 // (sum w v / sum w) and `RadialDirectional` (RDA: average norms and directions
@@ -158,7 +159,7 @@ class AccumulatorBookkeeping {
 /// Kept as a running mean (mean += (w / W_new) (v - mean), see
 /// detail::running_mean_update), one pass per contribution. Identical inputs
 /// give that input exactly. Near-orthogonal inputs of norm R give a norm of
-/// about R / sqrt(M) (algorithm.md 4.4), which is why RDA exists.
+/// about R / sqrt(M) (docs/algorithm.md, "Radial-Directional Averaging"), which is why RDA exists.
 /// State: one float per fragment element.
 struct WeightedAverage {
   static constexpr std::string_view name = "weighted_average";
@@ -200,7 +201,7 @@ struct WeightedAverage {
   }
 };
 
-/// Radial-Directional Averaging (algorithm.md 4.4), per tensor:
+/// Radial-Directional Averaging (docs/algorithm.md, "Radial-Directional Averaging"), per tensor:
 ///
 ///     RDA = ( sum_m w_m ||v_m|| / sum_m w_m ) * phi( sum_m w_m phi(v_m) / sum_m w_m )
 ///     phi(x) = x / ||x||,  phi(0) = 0

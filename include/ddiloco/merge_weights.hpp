@@ -1,5 +1,5 @@
 // ddiloco/merge_weights.hpp: how much each learner's contribution counts in a
-// merge (algorithm.md 4.3).
+// merge (docs/algorithm.md, "Merge weights").
 //
 // What it is: the per-(learner, fragment) `Counters` a learner sends with its
 // outer gradient, the `WeightRule` concept, and two rules: `TokenWeights` (the
@@ -17,7 +17,7 @@
 
 namespace ddiloco {
 
-/// What learner m did to fragment p since it last received p (algorithm.md 3).
+/// What learner m did to fragment p since it last received p (docs/algorithm.md, "Round timeline").
 struct Counters {
   std::int64_t steps = 0;   ///< inner steps, c_steps[m,p]
   std::int64_t tokens = 0;  ///< tokens processed, c_tokens[m,p]
@@ -52,7 +52,7 @@ inline void check_counters(std::string_view who, const Counters& c) {
 }
 }  // namespace detail
 
-/// The paper's weight (algorithm.md 4.3):
+/// The paper's weight (docs/algorithm.md, "Merge weights"):
 ///
 ///     w = c_tokens * (c_tokens / c_steps) = c_tokens^2 / c_steps,  0 if c_steps = 0
 ///

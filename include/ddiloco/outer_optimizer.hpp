@@ -1,4 +1,4 @@
-// ddiloco/outer_optimizer.hpp: the syncer's outer optimizers (algorithm.md 4.2).
+// ddiloco/outer_optimizer.hpp: the syncer's outer optimizers (docs/algorithm.md, "Outer optimizer").
 //
 // What it is: the `OuterOptimizer` concept and three optimizers that turn a
 // fragment's merged outer gradient Delta into a new global fragment Theta:
@@ -63,7 +63,7 @@ inline void check_step_shapes(std::string_view who, std::size_t theta, std::size
 }  // namespace detail
 
 /// SGD with Nesterov momentum exactly as PyTorch's SGD(nesterov=True, dampening=0,
-/// weight_decay=0), per element (algorithm.md 4.2):
+/// weight_decay=0), per element (docs/algorithm.md, "Outer optimizer"):
 ///
 ///     b     <- mu * b + Delta
 ///     Theta <- Theta - eta * (Delta + mu * b)

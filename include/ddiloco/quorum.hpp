@@ -1,5 +1,6 @@
 // ddiloco/quorum.hpp: when the syncer merges a fragment round (minimum quorum
-// plus adaptive grace window, algorithm.md 4.5, paper Eq. 3).
+// plus adaptive grace window: docs/algorithm.md, "Quorum and grace window",
+// docs/quorum.md, and the paper's Eq. 3).
 //
 // What it is: a pure decision function. The caller (a syncer, a simulator)
 // keeps one RoundState per open fragment round, tells the policy how long
@@ -32,7 +33,7 @@ struct QuorumConfig {
   /// K = 1 never stalls; K = M is synchronous (bounded by `deadline`).
   std::size_t min_quorum = 1;
   /// tau: inner steps between a learner's send and the step at which it
-  /// applies the result (algorithm.md 4.6). The grace window may only use the
+  /// applies the result (docs/algorithm.md, "Schedule"). The grace window may only use the
   /// part of tau * xi_step that quorum and merge leave over.
   std::size_t overlap = 2;
   /// gamma in [0, 1]: safety factor on the slack (not published; 0.2-0.5 sensible).
@@ -146,7 +147,7 @@ class Ema {
 /// the fleet and the network, not a fragment, so all fragments share them; the
 /// per-round state lives in RoundState, one per open fragment round.
 ///
-/// Maths (algorithm.md 4.5, paper Eq. 3):
+/// Maths (docs/algorithm.md, "Quorum and grace window"; paper Eq. 3):
 ///     slack = tau * xi_step - (xi_quorum + xi_sync)
 ///     grace = clamp(gamma * slack, 0, cap)
 /// xi_step: inner-step time; xi_quorum: time from a round's start to its

@@ -6,9 +6,10 @@
 // table, plus the arithmetic of send and apply steps. Pure: no clock, no I/O.
 // What it is not: the learner loop. It does not track what was sent or
 // received; a result that arrives after its apply step is applied on arrival
-// by the caller (algorithm.md section 3, step 4: the learner never blocks).
+// by the caller (docs/algorithm.md, "Round timeline", step 7: the learner never
+// blocks).
 //
-// # The schedule (algorithm.md 4.6, from Streaming DiLoCo)
+// # The schedule (docs/algorithm.md, "Schedule"; from Streaming DiLoCo)
 // Inner steps are counted from 1: step t is the call made after the t-th inner
 // step of the learner (t = 0 is "before training" and never a send slot).
 //
@@ -47,7 +48,7 @@ namespace ddiloco {
 
 class Schedule {
  public:
-  /// P = num_fragments, H = sync_every, tau = overlap (algorithm.md 4.6).
+  /// P = num_fragments, H = sync_every, tau = overlap (docs/algorithm.md, "Schedule").
   Schedule(std::size_t num_fragments, std::size_t sync_every, std::size_t overlap)
       : num_fragments_(num_fragments), sync_every_(sync_every), overlap_(overlap) {
     if (num_fragments == 0) {

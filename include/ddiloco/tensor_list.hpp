@@ -12,7 +12,7 @@
 // without `#`; `size` is a positive decimal element count or a shape
 // `d0xd1x...` of positive decimal dimensions whose product is the count; the
 // optional word `embedding` marks embedding/unembedding tensors (merged with a
-// plain weighted average, algorithm.md 4.4). `#` starts a comment anywhere.
+// plain weighted average, docs/algorithm.md, "Radial-Directional Averaging"). `#` starts a comment anywhere.
 // What it is not: a checkpoint format (no values, dtypes or strides) and not
 // the plan: which fragment a tensor goes to is <ddiloco/fragmenter.hpp>.
 #pragma once

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/wan/run_wan.sh: Decoupled DiLoCo and a synchronous baseline over an
-# emulated multi-region WAN on one machine (issue 8).
+# emulated multi-region WAN on one machine (docs/wan.md).
 #
 # What it is: builds a syncer network namespace and N "region" namespaces
 # (default 4, one learner each). Each region reaches the syncer over its own

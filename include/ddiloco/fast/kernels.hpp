@@ -127,8 +127,8 @@ namespace detail {
 }
 
 /// The merge's last step fused with the outer optimizer, one pass
-/// (algorithm.md 4.2, 4.4; reference: RDA finish, the syncer's participation
-/// scaling, NesterovSGD::step):
+/// (docs/algorithm.md, "Fast kernels"; reference: RDA finish, the syncer's
+/// participation scaling, NesterovSGD::step):
 ///     Delta_i = (c * mean_i) * share
 ///     b_i     <- mu * b_i + Delta_i
 ///     Theta_i <- Theta_i - eta * (Delta_i + mu * b_i)
@@ -143,7 +143,7 @@ namespace detail {
 }
 
 /// The batched merge's element loops (fast::RadialDirectional::add_batch,
-/// algorithm.md 4.4): a chunk of the new mean is built in an L1-resident
+/// docs/algorithm.md, "Fast kernels"): a chunk of the new mean is built in an L1-resident
 /// buffer `acc` as  acc = a_0 mean + sum_b a_b x_b,  then stored:
 ///     scale_into     acc_i  = a * x_i
 ///     axpy           acc_i += a * x_i
@@ -1055,7 +1055,7 @@ inline bool encode_range(Codec codec, const float* __restrict__ x, std::size_t n
   return detail::encode_range_base(codec, x, n, lo, len, out);
 }
 
-/// The learner's due step (algorithm.md 3, step 3) over a fragment made of
+/// The learner's due step (docs/algorithm.md, "Round timeline", step 3) over a fragment made of
 /// several tensors, in one pass over memory: the caller feeds the fragment's
 /// tensors in fragment order, and for each element
 ///     next_i = theta_i            (the snapshot that becomes the next base)
@@ -1127,7 +1127,8 @@ class OuterGradientEncoder {
   alignas(64) float v_[kChunk];
 };
 
-/// The learner's due step in one pass over memory (algorithm.md 3, step 3):
+/// The learner's due step in one pass over memory (docs/algorithm.md, "Round timeline",
+/// step 3):
 ///     new_base_i = local_i            (the snapshot that becomes the next base)
 ///     v_i        = base_i - local_i   (the outer gradient, never stored whole)
 ///     out        = encode(codec, v)

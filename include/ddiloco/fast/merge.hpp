@@ -14,7 +14,7 @@
 // to the summation order of the norms (tests/test_fast_merge.cpp states the
 // tolerances).
 //
-// # Passes over memory per contribution (algorithm.md 4.4)
+// # Passes over memory per contribution (docs/algorithm.md, "Fast kernels")
 // RDA needs ||v_t|| of each tensor t before phi(v_t) = v_t / ||v_t|| can be
 // folded into the running mean, so each contribution is read twice:
 //   pass 1  ||v_t||^2 (int8/int4: from the integer codes, s_b^2 sum_j q_j^2
@@ -38,8 +38,8 @@
 // memory at once (learners in phase, a drained queue), add_batch folds them in
 // one pass. Per tensor, with W the total weight before the batch, w_b the
 // weights, s_b = 1 / ||v_b|| (0 when v_b = 0; 1 for embeddings) and
-// W' = W + sum_b w_b, the streaming recurrence (algorithm.md 4.4,
-// mean_k = mean_{k-1} + (w_k / W_k)(s_k v_k - mean_{k-1}), i.e.
+// W' = W + sum_b w_b, the streaming recurrence (docs/algorithm.md,
+// "Radial-Directional Averaging": mean_k = mean_{k-1} + (w_k / W_k)(s_k v_k - mean_{k-1}), i.e.
 // W_k mean_k = W_{k-1} mean_{k-1} + w_k s_k v_k) unrolled over the batch is
 //     W' mean' = W mean + sum_b w_b s_b v_b
 //     mean'    = (W / W') mean + sum_b (w_b s_b / W') v_b,

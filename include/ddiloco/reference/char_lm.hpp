@@ -59,8 +59,9 @@ struct CharLmConfig {
 };
 
 /// One parameter tensor: its name, its (rows x cols) shape and whether ddiloco should merge it as
-/// an embedding (plain weighted average, algorithm.md 4.4). The input embedding and the output
-/// projection (the unembedding) carry the flag; hidden layers and biases do not.
+/// an embedding (plain weighted average, docs/algorithm.md, "Radial-Directional Averaging"). The
+/// input embedding and the output projection (the unembedding) carry the flag; hidden layers and
+/// biases do not.
 struct ParamSpec {
   std::string name;
   std::size_t rows = 0;

@@ -5,7 +5,7 @@
 //
 // What it is: a closed-form timeline of one period of training on one
 // cross-datacentre link, after the model Streaming DiLoCo used for its
-// bandwidth table (algorithm.md 5). Every assumption is a field below.
+// bandwidth table (docs/algorithm.md, "Published figures"). Every assumption is a field below.
 // What it is not: a network simulator (no congestion, no packet loss) and not
 // a learning-quality model.
 //
@@ -36,15 +36,15 @@
 // syncer (a star, one link per learner), so ring = 1 there. 1 Gbit = `gbit`
 // bits (1e9 by default).
 //
-// # Decoupled DiLoCo's two directions (algorithm.md 3, 4.5, 4.6)
+// # Decoupled DiLoCo's two directions (docs/algorithm.md, "Round timeline")
 // Each of the M learners sends each of its P fragments once per H steps
-// (step 2 of the round), in `quantized_bits`. The syncer merges fragment p
-// once K contributions are in (the minimum quorum, 4.5) and sends the merged
-// Theta_p back (step 3), in `global_bits`, to
-//   alive        : every live learner (algorithm.md 3, step 3: "to every learner");
+// (step 3 of the round), in `quantized_bits`. The syncer merges fragment p
+// once K contributions are in (the minimum quorum, step 5) and sends the
+// merged Theta_p back (step 6), in `global_bits`, to
+//   alive        : every live learner (the default);
 //   contributors : only the learners whose contributions the merge holds.
 // Per fragment period (H steps) fragment p receives M contributions; every
-// contribution is merged exactly once (algorithm.md 6) and a merge holds at
+// contribution is merged exactly once (docs/algorithm.md, "Decisions") and a merge holds at
 // least K of them, so there are at most M / K merges. The fanout f = global
 // fragments one learner receives per fragment it sends:
 //   alive        : f = (M / K merges) * (M receivers) / (M senders) = M / K
@@ -66,7 +66,7 @@
 //     utilisation = min(1, H T / (P c_up), H T / (P f c_down))
 // The round trip of one fragment, send -> merge -> its own global back, is
 // c_up + c_down (two latencies; the merge time is not modelled). Learners do
-// not wait for it (algorithm.md 3, step 4: the global is applied tau steps
+// not wait for it (docs/algorithm.md, "Round timeline", step 7: the global is applied tau steps
 // after the send, or on arrival if later), so a round trip longer than the
 // overlap window tau T costs staleness, not compute: decoupled_link() reports
 // it as the apply delay max(tau, (c_up + c_down) / T) in steps.
@@ -304,7 +304,7 @@ inline double bandwidth_for_utilisation(Method m, const BandwidthScenario& s, do
   return hi;
 }
 
-/// Streaming DiLoCo's 1B setting (algorithm.md 5): 24 layers, 0.1 s step,
+/// Streaming DiLoCo's 1B setting (docs/algorithm.md, "Published figures"): 24 layers, 0.1 s step,
 /// H = 100, 3 layers per fragment (P = 8), tau = 1, bf16 / FP4, 2 workers.
 /// `params` is the payload in values; the published table leaves it open
 /// (a "1B" model; Gbit may be 10^9 or 2^30 bits), so fit_streaming_1b_payload()

@@ -1,5 +1,5 @@
 // ddiloco/sim/calibrate.hpp: fit the goodput simulator's baseline constants to
-// published goodput figures (algorithm.md section 5).
+// published goodput figures (docs/algorithm.md, "Published figures").
 //
 // What it is: least-squares fits, by golden-section search on the simulator
 // itself with a fixed seed (common random numbers make the objective smooth):
@@ -27,7 +27,7 @@ struct GoodputTarget {
   double goodput = 0;  ///< fraction in (0, 1]
 };
 
-/// The goodput table of algorithm.md section 5 (Decoupled DiLoCo paper):
+/// The goodput table in docs/algorithm.md, "Published figures" (Decoupled DiLoCo paper):
 /// one interruption per chip per year.
 inline std::vector<GoodputTarget> paper_data_parallel_targets() {
   return {{150e3, 0.72}, {300e3, 0.57}, {600e3, 0.38}, {1.2e6, 0.27}, {2.4e6, 0.18}};

@@ -1,5 +1,6 @@
 // ddiloco/sim/goodput.hpp: a discrete-event goodput simulator for training
-// under chip failures (the Decoupled DiLoCo paper's goodput study, algorithm.md 5).
+// under chip failures (the Decoupled DiLoCo paper's goodput study,
+// docs/algorithm.md, "Published figures").
 //
 // What it is: a deterministic (by seed) simulation of N chips grouped into
 // slices and learners, failing as a Poisson process and recovering after an
@@ -91,8 +92,8 @@ struct FailureModel {
   double speed_cv = 0.01;  ///< per-slice speed spread (coefficient of variation)
 };
 
-/// The baselines' costs. Defaults: calibrate_baselines() on algorithm.md
-/// section 5 with seed 1 and a 72 h horizon (docs/simulator.md).
+/// The baselines' costs. Defaults: calibrate_baselines() on the goodput table of
+/// docs/algorithm.md, "Published figures", with seed 1 and a 72 h horizon (docs/simulator.md).
 struct SystemCosts {
   double restart_s = 74.0;     ///< data_parallel: one restart after a failure
   double reconfigure_s = 7.0;  ///< elastic / decoupled learner: one shrink or grow

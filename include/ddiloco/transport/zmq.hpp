@@ -297,7 +297,7 @@ struct ZmqSyncerConfig {
   /// fp32: the frame is still checked here (header, sizes, checksums, valid
   /// codes), and the syncer folds the bytes into its accumulator with the
   /// fused decode (no copy of the payload between the socket and the
-  /// accumulator; issue 6). Off: every payload is decoded to fp32 here.
+  /// accumulator; docs/performance.md). Off: every payload is decoded to fp32 here.
   bool keep_contributions_encoded = false;
 };
 
