@@ -664,3 +664,50 @@ TEST_CASE("Snapshots taken while two threads feed contributions are consistent a
   CHECK(last.fragments[1].version == kPerThread);
   CHECK(s.merges_total() == 2 * kPerThread);
 }
+
+TEST_CASE("A checkpoint records its tensors' names and shapes, and files without them still load",
+          "[checkpoint]") {
+  TempDir dir;
+  Rig r;
+  AvgSyncer a(r.plan, r.init, r.clock, k_of(1));
+  give_history(r, a);
+  const std::vector<std::vector<std::uint64_t>> shapes{{2, 2}, {2}};
+  const auto records = checkpoint_tensors(r.plan, shapes);
+  CHECK(records == std::vector<CheckpointTensor>{{"w", {2, 2}, false}, {"b", {2}, false}});
+  CHECK(checkpoint_tensors(r.plan) == std::vector<CheckpointTensor>{{"w", {4}, false}, {"b", {2}, false}});
+  const auto path = write_checkpoint(dir.path, a.snapshot(), 3, {}, records);
+  const LoadedCheckpoint c = read_checkpoint(path);
+  CHECK(c.tensors == records);
+  CHECK(c.snapshot == a.snapshot());
+  CHECK(checkpoint_plan(c) == r.plan);
+  // Without the section (as every file written before it existed): the same
+  // snapshot, no names; the bytes differ only by the section.
+  const auto bare = encode_checkpoint(a.snapshot(), 3);
+  const LoadedCheckpoint old = decode_checkpoint(bare);
+  CHECK(old.tensors.empty());
+  CHECK(old.snapshot == c.snapshot);
+  CHECK(read_bytes(path).size() > bare.size());
+  CHECK_THROWS_AS(checkpoint_tensors(r.plan, std::vector<std::vector<std::uint64_t>>{{3}, {2}}), ShapeMismatch);
+  CHECK_THROWS_AS(checkpoint_tensors(r.plan, std::vector<std::vector<std::uint64_t>>{{4}}), ShapeMismatch);
+}
+
+TEST_CASE("A tensors section that disagrees with the fragments or repeats a name is refused", "[checkpoint]") {
+  Rig r;
+  AvgSyncer a(r.plan, r.init, r.clock, k_of(1));
+  const auto snap = a.snapshot();
+  const auto refused = [&](std::vector<CheckpointTensor> t, const std::string& reason) {
+    CHECK_THROWS_WITH(decode_checkpoint(encode_checkpoint(snap, 1, t)), Catch::Contains(reason));
+  };
+  refused({{"w", {4}, false}, {"b", {3}, false}}, "names 7 elements but the fragments hold 6");
+  refused({{"w", {4}, false}, {"w", {2}, false}}, "the name 'w' appears twice");
+  refused({{"", {4}, false}, {"b", {2}, false}}, "has an empty name");
+  refused({{"w", {4, 0}, false}, {"b", {2}, false}}, "has dimension 0");
+  // Unknown flag bits: the flags word of the first record, set to 2.
+  auto bytes = encode_checkpoint(snap, 1, checkpoint_tensors(r.plan));
+  const auto plain = encode_checkpoint(snap, 1);
+  // tensors section: 16-byte section header, count, then "w" (u64 length + 1 byte), then flags.
+  const std::size_t flags_at = plain.size() - 4 + 16 + 8 + 8 + 1;
+  put_u64(bytes, flags_at, 2);
+  reseal(bytes);
+  CHECK_THROWS_WITH(decode_checkpoint(bytes), Catch::Contains("unknown flags 2"));
+}

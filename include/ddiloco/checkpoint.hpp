@@ -18,7 +18,7 @@
 //     serial          u64      the number in the file name
 //     body_length     u64      bytes of sections that follow the header
 //   body: section_count sections, each
-//     tag             u32      1 = meta, 2 = fragment, 3 = members
+//     tag             u32      1 = meta, 2 = fragment, 3 = members, 4 = tensors
 //     reserved        u32      0
 //     length          u64      bytes of the section's content
 //     content         length bytes
@@ -36,7 +36,15 @@
 //     id, u64 sequence), theta (u64 count + f32 values), state (u64 count + f32).
 //   members (exactly one): u64 count, then per learner: id, incarnation,
 //     first_sequence, join_nonce (u64 each).
-//   Sections with another tag are skipped (room for later additions).
+//   tensors (optional, at most one; files written before it existed have
+//     none): u64 count, then per tensor in plan order: name (u64 length +
+//     bytes), flags u64 (bit 0: embedding; the other bits 0), rank u64, rank
+//     u64 dimensions. It names the values in `theta`, so that a checkpoint can
+//     be exported (ddiloco_export, docs/weights.md) without the tensor list it
+//     was made with. A reader checks that the names are unique and non-empty,
+//     that no tensor is empty and that the sizes add up to the fragments'.
+//   Sections with another tag are skipped (room for later additions), so the
+//   format version stays 1: older readers skip the tensors section.
 //
 // A reader never trusts a length: the file size must equal 32 + body_length +
 // 4 before anything else is read, every count is compared with the bytes left
@@ -54,6 +62,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -78,11 +87,23 @@ struct CheckpointOptions {
   std::size_t keep = 3;
 };
 
+/// A tensor as a checkpoint records it (the optional tensors section): what
+/// the values in its fragments' `theta` are called and how they are shaped.
+struct CheckpointTensor {
+  std::string name;
+  std::vector<std::uint64_t> shape;  ///< row-major; its product is the tensor's numel
+  bool embedding = false;
+
+  friend bool operator==(const CheckpointTensor&, const CheckpointTensor&) = default;
+};
+
 /// A checkpoint read back from a file.
 struct LoadedCheckpoint {
   std::filesystem::path path;
   std::uint64_t serial = 0;
   SyncerSnapshot snapshot;
+  /// The plan's tensors in plan order, or empty if the file records none.
+  std::vector<CheckpointTensor> tensors;
 };
 
 /// A checkpoint file that load_newest_valid() skipped, and why.
@@ -115,7 +136,7 @@ inline std::optional<std::uint64_t> checkpoint_serial(std::string_view name) {
 
 namespace detail {
 
-enum class CheckpointSection : std::uint32_t { meta = 1, fragment = 2, members = 3 };
+enum class CheckpointSection : std::uint32_t { meta = 1, fragment = 2, members = 3, tensors = 4 };
 inline constexpr std::size_t kCheckpointHeaderBytes = 32;
 inline constexpr std::size_t kCheckpointTrailerBytes = 4;
 inline constexpr std::size_t kCheckpointSectionHeaderBytes = 16;
@@ -315,6 +336,39 @@ inline std::string parse_members(ByteReader& r, SyncerSnapshot& s) {
   return r.error;
 }
 
+inline std::string parse_tensors(ByteReader& r, std::vector<CheckpointTensor>& out) {
+  const std::size_t n = r.count(24, "tensors count");
+  out.reserve(n);
+  std::set<std::string> names;
+  for (std::size_t k = 0; k < n && r.ok(); ++k) {
+    CheckpointTensor t;
+    t.name = r.str("tensor name length");
+    const std::uint64_t flags = r.u64("tensor flags");
+    const std::size_t rank = r.count(8, "tensor rank");
+    std::uint64_t numel = 1;
+    for (std::size_t d = 0; d < rank && r.ok(); ++d) {
+      t.shape.push_back(r.u64("tensor dimension"));
+      if (t.shape.back() == 0 || numel > UINT64_MAX / t.shape.back())
+        return msg("tensors: tensor ", k, " ('", t.name, "') has dimension ", t.shape.back(),
+                   " (zero, or the shape overflows 64 bits)");
+      numel *= t.shape.back();
+    }
+    if (!r.ok()) break;
+    if (t.name.empty()) return msg("tensors: tensor ", k, " has an empty name");
+    if ((flags & ~std::uint64_t{1}) != 0) return msg("tensors: tensor '", t.name, "' has unknown flags ", flags);
+    if (!names.insert(t.name).second) return msg("tensors: the name '", t.name, "' appears twice");
+    t.embedding = (flags & 1U) != 0;
+    out.push_back(std::move(t));
+  }
+  return r.error;
+}
+
+inline std::uint64_t tensor_numel(const CheckpointTensor& t) noexcept {
+  std::uint64_t n = 1;
+  for (auto d : t.shape) n *= d;
+  return n;
+}
+
 /// Parses a whole checkpoint file's bytes into `out`. Returns "" on success,
 /// else the reason the file is not a valid checkpoint.
 inline std::string parse_checkpoint(std::span<const std::byte> file, LoadedCheckpoint& out) {
@@ -343,7 +397,7 @@ inline std::string parse_checkpoint(std::span<const std::byte> file, LoadedCheck
   out.serial = serial;
   SyncerSnapshot& s = out.snapshot;
   ByteReader r(file.subspan(kCheckpointHeaderBytes, payload));
-  bool have_meta = false, have_members = false;
+  bool have_meta = false, have_members = false, have_tensors = false;
   std::uint64_t fragment_count = 0;
   for (std::uint32_t k = 0; k < sections; ++k) {
     const std::uint32_t tag = r.u32("section tag");
@@ -378,6 +432,11 @@ inline std::string parse_checkpoint(std::span<const std::byte> file, LoadedCheck
         have_members = true;
         err = parse_members(c, s);
         break;
+      case CheckpointSection::tensors:
+        if (have_tensors) return "a second tensors section";
+        have_tensors = true;
+        err = parse_tensors(c, out.tensors);
+        break;
       default: continue;  // unknown section: skipped
     }
     if (!err.empty()) return msg("section ", k, " (tag ", tag, "): ", err);
@@ -389,6 +448,13 @@ inline std::string parse_checkpoint(std::span<const std::byte> file, LoadedCheck
   if (!have_members) return "no members section";
   if (s.fragments.size() != fragment_count)
     return msg(s.fragments.size(), " fragment sections but meta announces ", fragment_count);
+  if (have_tensors) {
+    std::uint64_t recorded = 0, held = 0;
+    for (const auto& rec : out.tensors) recorded += tensor_numel(rec);
+    for (const auto& f : s.fragments) held += f.theta.size();
+    if (recorded != held)
+      return msg("the tensors section names ", recorded, " elements but the fragments hold ", held);
+  }
   return {};
 }
 
@@ -445,12 +511,35 @@ inline std::vector<std::pair<std::uint64_t, std::filesystem::path>> list_checkpo
 
 }  // namespace detail
 
-/// The bytes of checkpoint `serial` holding `s` (format above).
-inline std::vector<std::byte> encode_checkpoint(const SyncerSnapshot& s, std::uint64_t serial) {
+/// The records of `plan`'s tensors, in plan order, for the tensors section:
+/// shape `shapes[i]` for tensor i, or [numel] when `shapes` is empty. Throws
+/// ShapeMismatch naming the tensor if a shape's product is not its numel.
+inline std::vector<CheckpointTensor> checkpoint_tensors(const Plan& plan,
+                                                        std::span<const std::vector<std::uint64_t>> shapes = {}) {
+  if (!shapes.empty() && shapes.size() != plan.num_tensors())
+    throw ShapeMismatch(detail::msg("checkpoint_tensors: ", shapes.size(), " shapes for the plan's ",
+                                    plan.num_tensors(), " tensors; give one shape per tensor, or none"));
+  std::vector<CheckpointTensor> out;
+  out.reserve(plan.num_tensors());
+  for (std::size_t i = 0; i < plan.num_tensors(); ++i) {
+    const auto& t = plan.tensors()[i];
+    CheckpointTensor c{t.name, shapes.empty() ? std::vector<std::uint64_t>{t.numel} : shapes[i], t.embedding};
+    if (detail::tensor_numel(c) != t.numel)
+      throw ShapeMismatch(detail::msg("checkpoint_tensors: tensor '", t.name, "' has ", t.numel,
+                                      " elements but its shape holds ", detail::tensor_numel(c)));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+/// The bytes of checkpoint `serial` holding `s` (format above), with a tensors
+/// section when `tensors` is not empty (from checkpoint_tensors(plan)).
+inline std::vector<std::byte> encode_checkpoint(const SyncerSnapshot& s, std::uint64_t serial,
+                                                std::span<const CheckpointTensor> tensors = {}) {
   detail::ByteWriter w;
   for (char c : kCheckpointMagic) w.bytes().push_back(static_cast<std::byte>(c));
   w.u32(kCheckpointFormatVersion);
-  w.u32(static_cast<std::uint32_t>(2 + s.fragments.size()));
+  w.u32(static_cast<std::uint32_t>(2 + s.fragments.size() + (tensors.empty() ? 0 : 1)));
   w.u64(serial);
   w.u64(0);  // body length, patched below
   using detail::CheckpointSection;
@@ -490,6 +579,17 @@ inline std::vector<std::byte> encode_checkpoint(const SyncerSnapshot& s, std::ui
     for (const auto& l : s.learners)
       for (auto v : {static_cast<std::uint64_t>(l.id), l.incarnation, l.first_sequence, l.join_nonce}) o.u64(v);
   });
+  if (!tensors.empty()) {
+    detail::write_section(w, CheckpointSection::tensors, [&](detail::ByteWriter& o) {
+      o.u64(tensors.size());
+      for (const auto& t : tensors) {
+        o.str(t.name);
+        o.u64(t.embedding ? 1 : 0);
+        o.u64(t.shape.size());
+        for (auto d : t.shape) o.u64(d);
+      }
+    });
+  }
   w.patch_u64(24, w.size() - detail::kCheckpointHeaderBytes);
   w.u32(detail::checkpoint_checksum(w.bytes()));
   return std::move(w.bytes());
@@ -511,10 +611,12 @@ inline LoadedCheckpoint decode_checkpoint(std::span<const std::byte> bytes) {
 /// newest `options.keep` checkpoint files are kept (the one just written is
 /// never deleted) and temporary files left by earlier crashes are removed.
 /// Serials should grow from one call to the next (resume at loaded serial + 1).
+/// `tensors` (from checkpoint_tensors(plan)) names the values, for export.
 /// Returns the new file's path. Throws InvalidArgument if options.keep == 0,
 /// StateError if the file system refuses.
 inline std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const SyncerSnapshot& s,
-                                              std::uint64_t serial, CheckpointOptions options = {}) {
+                                              std::uint64_t serial, CheckpointOptions options = {},
+                                              std::span<const CheckpointTensor> tensors = {}) {
   if (options.keep == 0)
     throw InvalidArgument("write_checkpoint: CheckpointOptions::keep = 0 would delete every checkpoint; use >= 1 "
                           "(default 3)");
@@ -524,7 +626,7 @@ inline std::filesystem::path write_checkpoint(const std::filesystem::path& dir, 
   const std::string name = checkpoint_file_name(serial);
   const std::filesystem::path final_path = dir / name;
   const std::filesystem::path tmp_path = dir / ("." + name + ".tmp-" + std::to_string(::getpid()));
-  const std::vector<std::byte> bytes = encode_checkpoint(s, serial);
+  const std::vector<std::byte> bytes = encode_checkpoint(s, serial, tensors);
   try {
     detail::write_all_and_sync(tmp_path, bytes);
   } catch (...) {
@@ -592,6 +694,68 @@ inline std::optional<LoadedCheckpoint> load_newest_valid(const std::filesystem::
     }
   }
   return std::nullopt;
+}
+
+/// The plan checkpoint `c` was written with, rebuilt from its tensors section
+/// with make_plan's default strategy and its fragment count, and checked
+/// against its plan fingerprint. Throws StateError if the file records no
+/// tensors (written without them: rebuild the plan from the syncer's own
+/// tensor list and compare with check_checkpoint_plan), ProtocolError if the
+/// rebuilt plan's fingerprint differs (another fragmentation strategy).
+inline Plan checkpoint_plan(const LoadedCheckpoint& c) {
+  if (c.tensors.empty())
+    throw StateError(detail::msg("checkpoint '", c.path.string(), "' records no tensor names (written by an older "
+                                 "version or without them); rebuild the plan from the tensor list the syncer ran "
+                                 "with (the same --init/--tensors and --fragments)"));
+  std::vector<TensorSpec> specs;
+  specs.reserve(c.tensors.size());
+  for (const auto& t : c.tensors)
+    specs.push_back({t.name, static_cast<std::size_t>(detail::tensor_numel(t)), t.embedding});
+  Plan plan = make_plan(specs, c.snapshot.fragments.size());
+  if (plan.fingerprint() != c.snapshot.fingerprint)
+    throw ProtocolError(detail::msg("checkpoint '", c.path.string(), "': its ", c.tensors.size(), " tensors in ",
+                                    c.snapshot.fragments.size(), " fragments make a plan with fingerprint 0x", std::hex,
+                                    plan.fingerprint(), " but the checkpoint's is 0x", c.snapshot.fingerprint,
+                                    std::dec, "; it was written with another fragmentation strategy"));
+  return plan;
+}
+
+/// Checks that `plan` (for example built from the --init or --tensors a
+/// syncer was started with) is the plan checkpoint `c` was written with.
+/// Throws ShapeMismatch naming the first tensor name, size or embedding flag
+/// that differs from the checkpoint's records (when it has them), else the
+/// fragment count or the fingerprints. `source` names where `plan` came from.
+inline void check_checkpoint_plan(const LoadedCheckpoint& c, const Plan& plan, std::string_view source) {
+  const std::string where = detail::msg("checkpoint '", c.path.string(), "' and ", source);
+  const auto& specs = plan.tensors();
+  for (std::size_t i = 0; !c.tensors.empty() && i < std::max(specs.size(), c.tensors.size()); ++i) {
+    if (i >= specs.size())
+      throw ShapeMismatch(detail::msg(where, " differ: the checkpoint has tensor '", c.tensors[i].name, "' (number ",
+                                      i, ") that ", source, " lacks"));
+    if (i >= c.tensors.size())
+      throw ShapeMismatch(detail::msg(where, " differ: ", source, " has tensor '", specs[i].name, "' (number ", i,
+                                      ") that the checkpoint lacks"));
+    const auto& t = c.tensors[i];
+    if (t.name != specs[i].name)
+      throw ShapeMismatch(detail::msg(where, " differ at tensor ", i, ": '", specs[i].name, "' in ", source, ", '",
+                                      t.name, "' in the checkpoint; use the tensor list the syncer ran with"));
+    if (detail::tensor_numel(t) != specs[i].numel)
+      throw ShapeMismatch(detail::msg(where, " differ at tensor '", t.name, "': ", specs[i].numel, " elements in ",
+                                      source, ", ", detail::tensor_numel(t), " in the checkpoint"));
+    if (t.embedding != specs[i].embedding)
+      throw ShapeMismatch(detail::msg(where, " differ at tensor '", t.name, "': embedding ",
+                                      specs[i].embedding ? "yes" : "no", " in ", source, ", ",
+                                      t.embedding ? "yes" : "no", " in the checkpoint (check the embedding rule)"));
+  }
+  if (plan.num_fragments() != c.snapshot.fragments.size())
+    throw ShapeMismatch(detail::msg(where, " differ: ", plan.num_fragments(), " fragments in ", source, ", ",
+                                    c.snapshot.fragments.size(),
+                                    " in the checkpoint; pass the --fragments the syncer ran with"));
+  if (plan.fingerprint() != c.snapshot.fingerprint)
+    throw ShapeMismatch(detail::msg(where, " differ: plan fingerprint 0x", std::hex, plan.fingerprint(), " from ",
+                                    source, ", 0x", c.snapshot.fingerprint, " in the checkpoint", std::dec,
+                                    "; use the tensor list, sizes, embedding flags and --fragments the syncer ran "
+                                    "with"));
 }
 
 /// As above, discarding the list of skipped files.
