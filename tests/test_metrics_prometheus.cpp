@@ -1,0 +1,278 @@
+// Tests for ddiloco/metrics/prometheus.hpp: the series SyncerMetrics and
+// LearnerMetrics derive from a real Syncer's and OuterLoop's status (virtual
+// clock, in-process network), read back in Prometheus' text format; and
+// MetricsServer serving them over loopback HTTP.
+#include <ddiloco/metrics/prometheus.hpp>
+
+#include <ddiloco/transport/in_process.hpp>
+
+#include <prometheus/text_serializer.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <sstream>
+#include <string>
+
+using namespace ddiloco;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string text(const prometheus::Registry& r) { return prometheus::TextSerializer().Serialize(r.Collect()); }
+
+/// The value of the sample `series` (name with its labels exactly as
+/// serialised, e.g. `ddiloco_syncer_quorum_size_bucket{le="2"}`); NaN if absent.
+double sample(const std::string& exposition, const std::string& series) {
+  std::istringstream in(exposition);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return std::nan("");
+}
+
+Plan two_fragments() { return make_plan({{"w", 4, false}, {"b", 2, false}}, 2); }
+
+Message contribution(const Plan& plan, LearnerId id, std::size_t p, std::uint64_t seq, std::uint64_t version = 0) {
+  Message m;
+  m.type = MessageType::contribution;
+  m.fingerprint = plan.fingerprint();
+  m.learner = id;
+  m.fragment = static_cast<std::uint32_t>(p);
+  m.version = version;
+  m.sequence = seq;
+  m.steps = 10;
+  m.tokens = 100;
+  m.step = 10;
+  m.payload = make_payload(std::vector<float>(plan.fragments()[p].numel, 0.1f));
+  return m;
+}
+
+Message join(const Plan& plan, LearnerId id) {
+  Message m;
+  m.type = MessageType::join;
+  m.fingerprint = plan.fingerprint();
+  m.learner = id;
+  m.sequence = 1000 + id;
+  return m;
+}
+
+struct FakeTransportCounters {
+  std::uint64_t frames_in = 0, frames_out = 0, bytes_in = 0, bytes_out = 0, send_dropped = 0, decode_errors = 0;
+  std::uint64_t auth_denied = 0, impersonations = 0;
+};
+
+}  // namespace
+
+TEST_CASE("Syncer metrics follow the syncer's status: merges, quorum sizes, rejections by reason, membership",
+          "[metrics]") {
+  VirtualClock clock;
+  const Plan plan = two_fragments();
+  SyncerConfig c;
+  c.quorum.min_quorum = 2;
+  c.quorum.grace = false;
+  c.quorum.deadline = 10s;
+  c.heartbeat_timeout = 5s;
+  Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, c);
+  prometheus::Registry registry;
+  SyncerMetrics metrics(registry, {.min_quorum = c.quorum.min_quorum});
+  Outbox out;
+  for (LearnerId id : {1u, 2u, 3u}) s.handle(join(plan, id), out);
+  const std::uint64_t seq0 = std::uint64_t{1} << 32;
+  s.handle(contribution(plan, 1, 0, seq0 + 1), out);
+  s.handle(contribution(plan, 2, 0, seq0 + 1), out);  // quorum of 2: merge
+  s.handle(contribution(plan, 2, 0, seq0 + 1), out);  // replay: duplicate
+  Message foreign = contribution(plan, 1, 1, seq0 + 2);
+  foreign.fingerprint ^= 1;
+  s.handle(foreign, out);
+  metrics.update(s.status());
+  std::string t = text(registry);
+  CHECK(sample(t, "ddiloco_syncer_merges_total") == 1);
+  CHECK(sample(t, "ddiloco_syncer_contributions_accepted_total") == 2);
+  CHECK(sample(t, "ddiloco_syncer_contributions_rejected_total{reason=\"duplicate\"}") == 1);
+  CHECK(sample(t, "ddiloco_syncer_contributions_rejected_total{reason=\"foreign_plan\"}") == 1);
+  CHECK(sample(t, "ddiloco_syncer_contributions_rejected_total{reason=\"stale\"}") == 0);
+  CHECK(sample(t, "ddiloco_syncer_learners_alive") == 3);
+  CHECK(sample(t, "ddiloco_syncer_learners_known") == 3);
+  CHECK(sample(t, "ddiloco_syncer_joins_total") == 3);
+  CHECK(sample(t, "ddiloco_syncer_min_quorum") == 2);
+  CHECK(sample(t, "ddiloco_syncer_quorum_size_bucket{le=\"1\"}") == 0);
+  CHECK(sample(t, "ddiloco_syncer_quorum_size_bucket{le=\"2\"}") == 1);
+  CHECK(sample(t, "ddiloco_syncer_quorum_size_count") == 1);
+  CHECK(sample(t, "ddiloco_syncer_quorum_size_sum") == 2);
+  CHECK(sample(t, "ddiloco_syncer_round_seconds_count") == 1);
+  CHECK(sample(t, "ddiloco_syncer_fragment_version{fragment=\"0\"}") == 1);
+  CHECK(sample(t, "ddiloco_syncer_fragment_version{fragment=\"1\"}") == 0);
+  CHECK(sample(t, "ddiloco_syncer_message_received_bytes_total") > 0);
+  // Without transport counters there are no transport series.
+  CHECK(std::isnan(sample(t, "ddiloco_syncer_frames_received_total")));
+
+  // Counters grow by what the totals grew, also when updated repeatedly.
+  metrics.update(s.status());
+  clock.advance(6s);  // every learner silent past the heartbeat time-out
+  s.tick(out);
+  s.handle(contribution(plan, 3, 1, seq0 + 1), out);  // revives 3; alone: waits for the deadline
+  clock.advance(10s);
+  s.tick(out);
+  FakeTransportCounters z;
+  z.frames_in = 7;
+  z.bytes_in = 700;
+  z.auth_denied = 2;
+  metrics.update(s.status(), z);
+  t = text(registry);
+  CHECK(sample(t, "ddiloco_syncer_merges_total") == 2);
+  CHECK(sample(t, "ddiloco_syncer_deadline_merges_total") == 0);  // 3 was the only one alive: merged at once
+  CHECK(sample(t, "ddiloco_syncer_deaths_total") >= 2);
+  CHECK(sample(t, "ddiloco_syncer_quorum_size_bucket{le=\"1\"}") == 1);
+  CHECK(sample(t, "ddiloco_syncer_quorum_size_count") == 2);
+  CHECK(sample(t, "ddiloco_syncer_frames_received_total") == 7);
+  CHECK(sample(t, "ddiloco_syncer_received_bytes_total") == 700);
+  CHECK(sample(t, "ddiloco_syncer_auth_denied_total") == 2);
+  CHECK(sample(t, "ddiloco_syncer_impersonations_total") == 0);
+}
+
+TEST_CASE("A baseline (a syncer restored from a checkpoint) is not counted; what follows is", "[metrics]") {
+  VirtualClock clock;
+  const Plan plan = two_fragments();
+  SyncerConfig c;
+  c.quorum.grace = false;
+  Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, c);
+  Outbox out;
+  s.handle(join(plan, 1), out);
+  const std::uint64_t seq0 = std::uint64_t{1} << 32;
+  s.handle(contribution(plan, 1, 0, seq0 + 1), out);
+  s.handle(contribution(plan, 1, 0, seq0 + 1), out);  // duplicate
+  prometheus::Registry registry;
+  SyncerMetrics metrics(registry);
+  metrics.baseline(s.status());
+  std::string t = text(registry);
+  CHECK(sample(t, "ddiloco_syncer_merges_total") == 0);
+  CHECK(sample(t, "ddiloco_syncer_quorum_size_count") == 0);
+  CHECK(sample(t, "ddiloco_syncer_contributions_rejected_total{reason=\"duplicate\"}") == 0);
+  CHECK(sample(t, "ddiloco_syncer_learners_alive") == 1);  // gauges are what they are
+  s.handle(contribution(plan, 1, 0, seq0 + 2, 1), out);
+  metrics.update(s.status());
+  t = text(registry);
+  CHECK(sample(t, "ddiloco_syncer_merges_total") == 1);
+  CHECK(sample(t, "ddiloco_syncer_quorum_size_count") == 1);
+  CHECK(sample(t, "ddiloco_syncer_round_seconds_count") == 1);
+}
+
+TEST_CASE("The checkpoint age restarts at each checkpoint and checkpoints are counted", "[metrics]") {
+  VirtualClock clock;
+  const Plan plan = two_fragments();
+  Syncer<> s(plan, std::vector<float>(6, 1.0f), clock);
+  prometheus::Registry registry;
+  SyncerMetrics metrics(registry, {.checkpoints = true});
+  metrics.update(s.status());
+  std::string t = text(registry);
+  CHECK(sample(t, "ddiloco_syncer_checkpoints_total") == 0);
+  CHECK(sample(t, "ddiloco_syncer_checkpoint_age_seconds") >= 0);
+  CHECK(std::isnan(sample(t, "ddiloco_syncer_min_quorum")));  // not given
+  metrics.checkpoint_written();
+  t = text(registry);
+  CHECK(sample(t, "ddiloco_syncer_checkpoints_total") == 1);
+  CHECK(sample(t, "ddiloco_syncer_checkpoint_age_seconds") == 0);
+  // Without checkpoints configured the series appear only with the first one.
+  prometheus::Registry plain;
+  SyncerMetrics quiet(plain);
+  quiet.update(s.status());
+  CHECK(std::isnan(sample(text(plain), "ddiloco_syncer_checkpoint_age_seconds")));
+  quiet.checkpoint_written();
+  CHECK(sample(text(plain), "ddiloco_syncer_checkpoints_total") == 1);
+}
+
+TEST_CASE("Learner metrics follow the OuterLoop's status, with the learner id as a label", "[metrics]") {
+  VirtualClock clock;
+  const Plan plan = two_fragments();
+  InProcessNetwork net(clock);
+  InProcessSyncerTransport link(net.syncer());
+  SyncerConfig c;
+  c.quorum.grace = false;
+  Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, c);
+  auto lt = net.learner(4);
+  OuterLoopConfig oc;
+  oc.id = 4;
+  oc.sync_every = 2;
+  oc.overlap = 1;
+  OuterLoop<InProcessLearnerTransport, std::vector<float>> outer(plan, lt, oc);
+  std::vector<std::vector<float>> params{std::vector<float>(4, 0.0f), std::vector<float>(2, 0.0f)};
+  auto pump = [&] {
+    Outbox out;
+    while (auto m = link.try_receive()) s.handle(*m, out);
+    for (auto& o : out) link.send_to(o.to, std::move(o.message));
+  };
+  outer.begin_join(params);
+  for (int i = 0; i < 8 && !outer.poll_join(params); ++i) pump();
+  REQUIRE(outer.joined());
+  prometheus::Registry registry;
+  LearnerMetrics metrics(registry, 4);
+  for (int step = 0; step < 8; ++step) {
+    for (auto& t : params)
+      for (float& x : t) x -= 0.01f;
+    outer.step(params, 50);
+    pump();
+    metrics.update(outer.status());
+  }
+  const std::string t = text(registry);
+  const auto& st = outer.status();
+  CHECK(sample(t, "ddiloco_learner_steps_total{learner=\"4\"}") == 8);
+  CHECK(sample(t, "ddiloco_learner_tokens_total{learner=\"4\"}") == 400);
+  CHECK(sample(t, "ddiloco_learner_sends_total{learner=\"4\"}") == static_cast<double>(st.sends));
+  CHECK(st.sends >= 3);
+  CHECK(sample(t, "ddiloco_learner_applies_total{learner=\"4\"}") == static_cast<double>(st.applies));
+  CHECK(sample(t, "ddiloco_learner_staleness_versions_count{learner=\"4\"}") ==
+        static_cast<double>(st.staleness_versions.count()));
+  CHECK(st.staleness_versions.count() >= 2);
+  CHECK(sample(t, "ddiloco_learner_staleness_versions_bucket{learner=\"4\",le=\"1\"}") ==
+        static_cast<double>(st.staleness_versions.count()));  // alone: only its own merges
+  CHECK(sample(t, "ddiloco_learner_apply_delay_steps_sum{learner=\"4\"}") == st.apply_delay_steps.sum());
+  CHECK(sample(t, "ddiloco_learner_contribution_bytes_total{learner=\"4\"}") ==
+        static_cast<double>(st.bytes_sent));
+}
+
+TEST_CASE("A metrics address must be ADDR:PORT; the error names the value and the form", "[metrics]") {
+  for (const char* bad : {"9100", "localhost", ":9100", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:x1"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(MetricsServer::check_address(bad),
+                      Catch::Contains(std::string("'") + bad + "'") && Catch::Contains("ADDR:PORT"));
+  }
+  CHECK_NOTHROW(MetricsServer::check_address("0.0.0.0:0"));
+  CHECK_NOTHROW(MetricsServer::check_address("127.0.0.1:9100"));
+}
+
+TEST_CASE("MetricsServer on port 0 picks a free port, serves /metrics and refreshes before each scrape",
+          "[metrics]") {
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto& gauge = prometheus::BuildGauge().Name("ddiloco_test_scrapes").Help("scrapes").Register(*registry).Add({});
+  int refreshes = 0;
+  MetricsServer server("127.0.0.1:0", registry, [&] { gauge.Set(++refreshes); });
+  REQUIRE(server.port() != 0);
+  CHECK(server.address() == "127.0.0.1:" + std::to_string(server.port()));
+  auto get = [&] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(server.port());
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    REQUIRE(::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
+    std::string body;
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) body.append(buf, static_cast<std::size_t>(n));
+    ::close(fd);
+    return body;
+  };
+  CHECK(get().find("ddiloco_test_scrapes 1") != std::string::npos);
+  CHECK(get().find("ddiloco_test_scrapes 2") != std::string::npos);
+  // The same port again is refused with an error naming the address.
+  CHECK_THROWS_WITH(MetricsServer(server.address(), registry),
+                    Catch::Contains(server.address()) && Catch::Contains("port"));
+}
