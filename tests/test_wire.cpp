@@ -31,7 +31,8 @@ using Bytes = std::vector<std::byte>;
 
 constexpr MessageType all_types[] = {MessageType::join,           MessageType::full_state,
                                      MessageType::contribution,   MessageType::global_fragment,
-                                     MessageType::heartbeat,      MessageType::leave};
+                                     MessageType::heartbeat,      MessageType::leave,
+                                     MessageType::join_refused,   MessageType::observe};
 
 bool carries_payload(MessageType t) {
   return t == MessageType::full_state || t == MessageType::contribution || t == MessageType::global_fragment;
@@ -58,7 +59,7 @@ Message sample(MessageType t, std::size_t n, unsigned seed = 1) {
   m.type = t;
   m.fingerprint = 0x0123456789ABCDEFULL;
   m.learner = 0xA1B2C3D4U;
-  m.fragment = 17;
+  m.fragment = t == MessageType::join_refused ? 2 : 17;  // a join_refused's fragment is its reason
   m.version = 1ULL << 40;
   m.sequence = 99;
   m.steps = 30;
@@ -242,6 +243,35 @@ TEST_CASE("encode_frame refuses messages no decoder would accept", "[wire]") {
   CHECK_THROWS_AS(ddiloco::encode_frame(m, Codec::fp32), ddiloco::InvalidArgument);
   m = sample(MessageType::contribution, 4);
   CHECK_THROWS_AS(ddiloco::encode_frame(m, static_cast<Codec>(7)), ddiloco::InvalidArgument);
+  m = sample(MessageType::join_refused, 0);
+  m.fragment = 0;  // not a JoinRefusal
+  CHECK_THROWS_WITH(ddiloco::encode_frame(m, Codec::fp32), Catch::Contains("JoinRefusal"));
+  m = sample(MessageType::observe, 0);
+  m.payload = ddiloco::make_payload({1.0f});
+  CHECK_THROWS_AS(ddiloco::encode_frame(m, Codec::fp32), ddiloco::InvalidArgument);
+}
+
+TEST_CASE("a join_refused carries its reason and the syncer's plan and schedule in documented fields", "[wire]") {
+  Message m;
+  m.type = MessageType::join_refused;
+  m.fingerprint = 0x0123456789abcdefULL;
+  m.learner = 3;
+  m.fragment = static_cast<std::uint32_t>(ddiloco::JoinRefusal::schedule);
+  m.version = 5;        // the syncer's fragment count
+  m.step = 125817;      // its parameter count
+  m.steps = 24;         // its H
+  m.tokens = 2;         // its tau
+  m.sequence = 0xfeed;  // the refused join's nonce
+  const Bytes f = ddiloco::encode_frame(m, Codec::fp32);
+  CHECK(f.size() == ddiloco::kFrameHeaderSize);
+  CHECK(get(f, 6, 1) == 7);
+  CHECK(get(f, 20, 4) == 2);
+  const auto r = ddiloco::decode_frame(f);
+  REQUIRE(r.ok());
+  require_same_header(m, r.value());
+  CHECK(ddiloco::to_string(ddiloco::JoinRefusal::identity) == "identity");
+  CHECK(ddiloco::to_string(MessageType::observe) == "observe");
+  CHECK(ddiloco::detail::hex16(0x00ab) == "00000000000000ab");
 }
 
 TEST_CASE("an error-feedback payload is framed as is and decodes to its dequantised values", "[wire]") {
@@ -399,7 +429,7 @@ TEST_CASE("each WireError is provoked by a crafted frame and counted once", "[wi
     cases.emplace_back(WireError::header_checksum, f);
   }
   cases.emplace_back(WireError::bad_type, crafted([](Bytes& f) { put(f, 6, 0, 1); }));
-  cases.emplace_back(WireError::bad_type, crafted([](Bytes& f) { put(f, 6, 7, 1); }));
+  cases.emplace_back(WireError::bad_type, crafted([](Bytes& f) { put(f, 6, 9, 1); }));
   cases.emplace_back(WireError::bad_codec, crafted([](Bytes& f) { put(f, 7, 5, 1); }));
   cases.emplace_back(WireError::bad_codec, crafted([](Bytes& f) { put(f, 7, 255, 1); }));
   cases.emplace_back(WireError::bad_counters, crafted([](Bytes& f) { put(f, 48, ~0ULL, 8); }));  // steps = -1
@@ -421,6 +451,15 @@ TEST_CASE("each WireError is provoked by a crafted frame and counted once", "[wi
   }
   cases.emplace_back(WireError::bad_payload, crafted([](Bytes& f) { put(f, 88, 0x7FC00000U, 4); }));  // NaN scale
   cases.emplace_back(WireError::bad_payload, crafted([](Bytes& f) { f[92] = std::byte{0x80}; }));  // code -128
+  {
+    Bytes f = ddiloco::encode_frame(sample(MessageType::join_refused, 0), Codec::fp32);
+    put(f, 20, 0, 4);  // reason 0 is no JoinRefusal
+    reseal(f);
+    cases.emplace_back(WireError::bad_reason, f);
+    put(f, 20, 4, 4);  // nor is 4
+    reseal(f);
+    cases.emplace_back(WireError::bad_reason, f);
+  }
 
   ddiloco::WireCounters counters;
   std::set<WireError> seen;

@@ -366,3 +366,284 @@ TEST_CASE("Two learner threads train through a syncer runtime over ZeroMQ", "[zm
   CHECK(mean > 0.5);  // moved from 0 most of the way to 1
   CHECK(syncer.status().rejected_total() == 0);
 }
+
+// ---- saying what went wrong -------------------------------------------------
+// Each misconfiguration a learner can meet, against a real syncer runtime on
+// loopback: the join must fail with a message naming the cause, well inside a
+// 30 s join time-out (the cause is known from the handshake or the syncer's
+// answer, not from waiting). The measured libzmq 4.3 events are in zmq.hpp.
+
+namespace {
+
+using TestSyncer = Syncer<RadialDirectional, PlainSGD>;
+
+/// A syncer runtime over ZeroMQ serving a two-fragment plan, CURVE or plaintext.
+struct Served {
+  Plan plan = make_plan({{"w", 64, false}, {"e", 16, true}}, 2);
+  CurveKeys server = generate_curve_keys(), listed = generate_curve_keys(), observer = generate_curve_keys();
+  std::unique_ptr<ZmqSyncerTransport> link;
+  std::unique_ptr<TestSyncer> syncer;
+  std::unique_ptr<SyncerRuntime<TestSyncer, ZmqSyncerTransport>> runtime;
+
+  explicit Served(bool curve, SyncerConfig sc = {}) {
+    ZmqSyncerConfig zc = plain_syncer();
+    if (curve) {
+      zc.security = ZmqSecurity{};
+      zc.security.own = server;
+      zc.security.allowed = {{0, listed.public_key}, {50, observer.public_key}};
+    }
+    link = std::make_unique<ZmqSyncerTransport>(zc, steady);
+    std::vector<float> init(80);
+    for (std::size_t i = 0; i < init.size(); ++i) init[i] = 0.01f * static_cast<float>(i);
+    syncer = std::make_unique<TestSyncer>(plan, init, steady, sc, RadialDirectional(), PlainSGD(0.5f));
+    runtime = std::make_unique<SyncerRuntime<TestSyncer, ZmqSyncerTransport>>(*syncer, *link);
+    runtime->start();
+  }
+  ~Served() { runtime->stop(); }
+
+  ZmqLearnerConfig learner(LearnerId id, const CurveKeys& keys, const std::string& server_key) const {
+    ZmqLearnerConfig c;
+    c.connect = link->endpoint();
+    c.id = id;
+    c.security.own = keys;
+    c.security.server_public_key = server_key;
+    return c;
+  }
+  ZmqLearnerConfig curve_learner(LearnerId id = 0) const { return learner(id, listed, server.public_key); }
+};
+
+OuterLoopConfig quick_join(LearnerId id, std::size_t sync_every = 4, std::size_t overlap = 1) {
+  OuterLoopConfig oc;
+  oc.id = id;
+  oc.sync_every = sync_every;
+  oc.overlap = overlap;
+  oc.join_timeout = 30s;  // the failures below must be told long before this
+  oc.join_retry = 200ms;
+  return oc;
+}
+
+/// Joins `plan` over `cfg` and returns the error's message and how long it took
+/// (the join must fail; REQUIRE checks it did).
+std::pair<std::string, double> failed_join(const Plan& plan, const ZmqLearnerConfig& cfg, OuterLoopConfig oc) {
+  ZmqLearnerTransport t(cfg, steady);
+  OuterLoop<ZmqLearnerTransport, std::vector<float>> outer(plan, t, oc);
+  std::vector<std::vector<float>> params;
+  for (const auto& spec : plan.tensors()) params.emplace_back(spec.numel);
+  const auto t0 = steady.now();
+  std::string what;
+  try {
+    outer.join(params);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(steady.now() - t0).count();
+  REQUIRE_FALSE(what.empty());
+  return {what, seconds};
+}
+
+}  // namespace
+
+static_assert(DiagnosingTransport<ZmqLearnerTransport>);
+
+TEST_CASE("A learner whose key is not on the allow-list is told so at once, and the syncer records the key",
+          "[zmq][diagnosis]") {
+  Served s(true);
+  const CurveKeys stranger = generate_curve_keys();
+  const auto [what, seconds] = failed_join(s.plan, s.learner(0, stranger, s.server.public_key), quick_join(0));
+  INFO(what);
+  CHECK_THAT(what, Catch::Contains("refused this learner's CURVE key") && Catch::Contains("not on its allow-list") &&
+                       Catch::Contains(stranger.public_key) && Catch::Contains("--allow"));
+  CHECK(seconds < 10.0);
+  std::vector<ZmqRefusal> seen;
+  REQUIRE(eventually([&] {
+    for (auto& r : s.link->take_refusals()) seen.push_back(r);
+    return !seen.empty();
+  }));
+  CHECK(seen[0].kind == ZmqRefusal::Kind::unlisted_key);
+  CHECK(seen[0].public_key == stranger.public_key);
+  CHECK_THAT(seen[0].line(), Catch::Contains(stranger.public_key) && Catch::Contains("127.0.0.1"));
+  CHECK(s.syncer->status().learners_known == 0);
+}
+
+TEST_CASE("A learner given the wrong syncer public key is told the key is most likely wrong", "[zmq][diagnosis]") {
+  Served s(true);
+  const CurveKeys not_the_syncer = generate_curve_keys();
+  const auto [what, seconds] = failed_join(s.plan, s.learner(0, s.listed, not_the_syncer.public_key), quick_join(0));
+  INFO(what);
+  CHECK_THAT(what, Catch::Contains("closed the connection during the CURVE handshake") &&
+                       Catch::Contains("--server-key") && Catch::Contains(not_the_syncer.public_key));
+  CHECK(seconds < 10.0);
+}
+
+TEST_CASE("Plaintext against CURVE is named from either side", "[zmq][diagnosis]") {
+  SECTION("a plaintext learner against a CURVE syncer") {
+    Served s(true);
+    const auto [what, seconds] = failed_join(s.plan, plain_learner(s.link->endpoint(), 0), quick_join(0));
+    INFO(what);
+    CHECK_THAT(what, Catch::Contains("requires CURVE") && Catch::Contains("--server-key"));
+    CHECK(seconds < 10.0);
+  }
+  SECTION("a CURVE learner against a plaintext syncer") {
+    Served s(false);
+    const auto [what, seconds] = failed_join(s.plan, s.curve_learner(0), quick_join(0));
+    INFO(what);
+    CHECK_THAT(what, Catch::Contains("runs without encryption (--plaintext)"));
+    CHECK(seconds < 10.0);
+  }
+}
+
+TEST_CASE("A learner pointed at a port where nothing listens says so when its join times out", "[zmq][diagnosis]") {
+  std::string endpoint;
+  {
+    ZmqSyncerTransport gone(plain_syncer(), steady);  // a port that was free a moment ago, closed again
+    endpoint = gone.endpoint();
+  }
+  auto oc = quick_join(0);
+  oc.join_timeout = 1500ms;
+  auto cfg = plain_learner(endpoint, 0);
+  cfg.immediate = true;
+  const Plan plan = make_plan({{"w", 64, false}, {"e", 16, true}}, 2);
+  const auto [what, seconds] = failed_join(plan, cfg, oc);
+  INFO(what);
+  CHECK_THAT(what, Catch::Contains("nothing accepted a TCP connection at " + endpoint) &&
+                       Catch::Contains("no syncer is listening"));
+  CHECK(seconds < 10.0);
+}
+
+TEST_CASE("A learner with another plan is refused by the syncer with both plans named", "[zmq][diagnosis]") {
+  Served s(true);
+  const Plan other = make_plan({{"w", 64, false}, {"e", 16, true}}, 1);  // same tensors, P = 1
+  const auto [what, seconds] = failed_join(other, s.curve_learner(0), quick_join(0));
+  INFO(what);
+  CHECK_THAT(what, Catch::Contains("the syncer refused learner 0") &&
+                       Catch::Contains(detail::hex16(s.plan.fingerprint()) + ", 2 fragments, 80 parameters") &&
+                       Catch::Contains(detail::hex16(other.fingerprint()) + ", 1 fragments, 80 parameters") &&
+                       Catch::Contains("--fragments"));
+  CHECK(seconds < 10.0);
+  const auto st = s.syncer->status();
+  CHECK(st.joins_refused >= 1);
+  CHECK(st.learners_known == 0);
+  const auto refusals = s.syncer->take_refusals();
+  REQUIRE_FALSE(refusals.empty());
+  CHECK(refusals[0].learner == 0);
+  CHECK(refusals[0].reason == JoinRefusal::foreign_plan);
+  CHECK_THAT(refusals[0].line(), Catch::Contains("refused join from learner 0") &&
+                                     Catch::Contains(detail::hex16(other.fingerprint())));
+}
+
+TEST_CASE("A learner with another schedule is refused by a syncer that knows H", "[zmq][diagnosis]") {
+  SyncerConfig sc;
+  sc.sync_every = 4;
+  sc.quorum.overlap = 1;
+  Served s(false, sc);
+  const auto [what, seconds] = failed_join(s.plan, plain_learner(s.link->endpoint(), 0), quick_join(0, 6, 1));
+  INFO(what);
+  CHECK_THAT(what, Catch::Contains("it runs H = 4") && Catch::Contains("this learner runs H = 6") &&
+                       Catch::Contains("--sync-every"));
+  CHECK(seconds < 10.0);
+}
+
+TEST_CASE("A listed key used with another learner id is told which id it belongs to", "[zmq][diagnosis]") {
+  Served s(true);
+  const auto [what, seconds] = failed_join(s.plan, s.curve_learner(7), quick_join(7));
+  INFO(what);
+  CHECK_THAT(what, Catch::Contains("allow-list for learner id 0, not 7") && Catch::Contains("--id 0"));
+  CHECK(seconds < 10.0);
+  std::vector<ZmqRefusal> seen;
+  REQUIRE(eventually([&] {
+    for (auto& r : s.link->take_refusals()) seen.push_back(r);
+    return !seen.empty();
+  }));
+  CHECK(seen[0].kind == ZmqRefusal::Kind::wrong_id);
+  CHECK(seen[0].claimed == 7);
+  CHECK(seen[0].listed == 0);
+}
+
+TEST_CASE("Refusals are logged at most refusal_log_burst times per interval; the rest are counted", "[zmq][diagnosis]") {
+  SyncerConfig sc;
+  sc.refusal_log_burst = 3;
+  sc.refusal_log_interval = std::chrono::hours(1);
+  const Plan plan = make_plan({{"w", 8, false}}, 1);
+  TestSyncer syncer(plan, std::vector<float>(8), steady, sc, RadialDirectional(), PlainSGD(0.5f));
+  Outbox out;
+  for (LearnerId id = 0; id < 10; ++id) syncer.handle(join_message(id, plan.fingerprint() + 1), out);
+  CHECK(out.size() == 10);  // every refused join is answered ...
+  for (const auto& o : out) CHECK(o.message.type == MessageType::join_refused);
+  const auto logged = syncer.take_refusals();  // ... but only 3 are logged
+  REQUIRE(logged.size() == 3);
+  CHECK(syncer.status().joins_refused == 10);
+  syncer.handle(join_message(11, plan.fingerprint() + 1), out);
+  CHECK(syncer.take_refusals().empty());  // still inside the interval
+}
+
+// ---- the global-model view --------------------------------------------------
+
+TEST_CASE("An observer fetches the global state without being counted as a learner, and is rate limited",
+          "[zmq][observer]") {
+  SyncerConfig sc;
+  sc.observe_interval = std::chrono::hours(1);  // one answer per id for the whole test
+  Served s(true, sc);
+  auto cfg = s.learner(50, s.observer, s.server.public_key);
+  ZmqObserver observer(cfg, steady);
+  const GlobalView view = observer.fetch(s.plan.fingerprint(), 20s, 200ms);
+  CHECK(view.fingerprint == s.plan.fingerprint());
+  REQUIRE(view.fragments.size() == 2);
+  CHECK(view.versions == std::vector<std::uint64_t>{0, 0});
+  CHECK(view.in_plan_order(s.plan) == s.syncer->global_parameters());
+  auto st = s.syncer->status();
+  CHECK(st.observes == 1);
+  CHECK(st.learners_known == 0);
+  CHECK(st.learners_alive == 0);
+  CHECK(st.joins == 0);
+  // A second request inside the interval is dropped and counted, never answered.
+  CHECK_THROWS_WITH(observer.fetch(0, 1s, 200ms), Catch::Contains("received 0 of"));
+  st = s.syncer->status();
+  CHECK(st.observes == 1);
+  CHECK(st.observes_limited >= 1);
+  // Another plan is refused with both named.
+  ZmqObserver other(cfg, steady);
+  CHECK_THROWS_WITH(other.fetch(s.plan.fingerprint() ^ 1, 20s, 200ms),
+                    Catch::Contains("refused observer 50") && Catch::Contains(detail::hex16(s.plan.fingerprint())));
+}
+
+TEST_CASE("fetch_global follows a training learner's merges, and the learner's global view matches the syncer's",
+          "[zmq][observer]") {
+  SyncerConfig sc;
+  sc.quorum.min_quorum = 1;
+  sc.quorum.cap = 1ms;
+  sc.observe_interval = 1ms;
+  Served s(false, sc);
+  ZmqLearnerTransport t(plain_learner(s.link->endpoint(), 1), steady);
+  auto oc = quick_join(1);
+  oc.lock_step = true;  // every result is in before the next step: the learner's view is the syncer's
+  oc.lock_step_timeout = 10s;
+  OuterLoop<ZmqLearnerTransport, std::vector<float>> outer(s.plan, t, oc);
+  std::vector<std::vector<float>> params{std::vector<float>(64), std::vector<float>(16)};
+  outer.join(params);
+  std::vector<std::vector<float>> global{std::vector<float>(64), std::vector<float>(16)};
+  outer.read_global(global);
+  CHECK(global == params);  // just joined: the local model is the global one
+  for (int step = 0; step < 40; ++step) {
+    for (auto& tensor : params)
+      for (auto& x : tensor) x += 0.1f * (1.0f - x);
+    outer.step(params, 10);
+  }
+  // Every contribution merged (K = 1: one merge each), and every result back at the learner.
+  REQUIRE(eventually([&] { return s.syncer->status().merges == outer.status().sends; }));
+  REQUIRE(outer.status().sends >= 10);
+  REQUIRE(eventually([&] {
+    outer.poll(params);
+    return outer.global_version(0) + outer.global_version(1) == s.syncer->status().merges;
+  }));
+  const GlobalView view = fetch_global(plain_learner(s.link->endpoint(), 60), s.plan.fingerprint(), 20s);
+  const std::vector<float> flat = view.in_plan_order(s.plan);
+  CHECK(flat == s.syncer->global_parameters());  // nothing merges while the learner does not step
+  CHECK(view.versions[0] + view.versions[1] == s.syncer->status().merges);
+  outer.read_global(global);
+  std::vector<float> learner_view(global[0]);
+  learner_view.insert(learner_view.end(), global[1].begin(), global[1].end());
+  CHECK(learner_view == flat);
+  CHECK(outer.global_version(0) == view.versions[0]);
+  CHECK(outer.global_fragment(1).size() == s.plan.fragments()[1].numel);
+  CHECK(s.syncer->status().learners_known == 1);  // the observer is not a learner
+}

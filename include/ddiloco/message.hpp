@@ -1,11 +1,11 @@
 // ddiloco/message.hpp: what learners and the syncer say to each other.
 //
-// What it is: the in-memory form of the protocol's six messages and the
+// What it is: the in-memory form of the protocol's eight messages and the
 // transport concepts that carry them. Every transport (in-process queues,
 // ZeroMQ) moves `Message` values; the wire encoding lives elsewhere.
 // What it is not: a serialisation format, nor a transport.
 //
-// # The protocol (algorithm.md 3 and 6)
+// # The protocol (docs/algorithm.md, "Round timeline" and "Decisions")
 //   learner -> syncer  join            "I am learner `learner`; send me the global state"
 //   syncer  -> learner full_state      one per fragment: the fragment's values and version.
 //                                      `sequence` carries the first sequence number this
@@ -18,6 +18,18 @@
 //   syncer  -> learner global_fragment the merged fragment after an outer step, with version.
 //   learner -> syncer  heartbeat       "still alive" (any message also counts as one)
 //   learner -> syncer  leave           "I am going away; stop counting me"
+//   syncer  -> learner join_refused    "I will not take you": the join (or observe) does not
+//                                      fit this run. `fragment` = JoinRefusal (why),
+//                                      `fingerprint`, `version`, `step` = the syncer's plan
+//                                      fingerprint, fragment count and parameter count,
+//                                      `steps`/`tokens` = the syncer's H and tau (0: not
+//                                      checked), `sequence` = the refused request's nonce.
+//   observer -> syncer observe         "send me the current global state; I do not train":
+//                                      answered (rate limited) with one full_state per
+//                                      fragment (`sequence` = the request's nonce, `step` =
+//                                      the number of fragments); never counted as a learner.
+//                                      `fingerprint` 0 accepts whatever plan the syncer has.
+// A join states the learner's schedule: `steps` = H, `tokens` = tau (0, 0: unstated).
 #pragma once
 
 #include <chrono>
@@ -26,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -44,6 +57,8 @@ enum class MessageType : std::uint8_t {
   global_fragment = 4,
   heartbeat = 5,
   leave = 6,
+  join_refused = 7,
+  observe = 8,
 };
 
 constexpr std::string_view to_string(MessageType t) noexcept {
@@ -54,6 +69,36 @@ constexpr std::string_view to_string(MessageType t) noexcept {
     case MessageType::global_fragment: return "global_fragment";
     case MessageType::heartbeat: return "heartbeat";
     case MessageType::leave: return "leave";
+    case MessageType::join_refused: return "join_refused";
+    case MessageType::observe: return "observe";
+  }
+  return "unknown";
+}
+
+/// Why the syncer refused a join or an observe request (Message::fragment of a
+/// join_refused). Stable numbering: it travels on the wire.
+enum class JoinRefusal : std::uint8_t {
+  foreign_plan = 1,  ///< another plan: tensors, sizes, order or fragment count differ (fingerprint)
+  schedule = 2,      ///< another schedule: H (sync every) or tau (overlap) differ from the syncer's
+  identity = 3,      ///< the learner's key is on the allow-list for another id (`version` = that id)
+};
+
+constexpr bool is_valid_join_refusal(std::uint32_t raw) noexcept { return raw >= 1 && raw <= 3; }
+
+namespace detail {
+/// A plan fingerprint as the programs print it: 16 hex digits.
+inline std::string hex16(std::uint64_t v) {
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) out[static_cast<std::size_t>(i)] = "0123456789abcdef"[v & 15];
+  return out;
+}
+}  // namespace detail
+
+constexpr std::string_view to_string(JoinRefusal r) noexcept {
+  switch (r) {
+    case JoinRefusal::foreign_plan: return "foreign_plan";
+    case JoinRefusal::schedule: return "schedule";
+    case JoinRefusal::identity: return "identity";
   }
   return "unknown";
 }
@@ -66,7 +111,7 @@ using Payload = std::shared_ptr<const std::vector<float>>;
 /// valid while `owner` lives. A transport hands these out only when asked to
 /// (ZmqSyncerTransportConfig::keep_contributions_encoded) so the syncer can
 /// validate and fold the bytes straight into its accumulator, without an fp32
-/// copy of the payload (issue 6). The transport has checked the frame (sizes,
+/// copy of the payload. The transport has checked the frame (sizes,
 /// checksums); the syncer checks the contents (valid codes, finite values).
 struct EncodedPayload {
   Codec codec = Codec::fp32;
@@ -153,6 +198,19 @@ concept ContributionEncodingTransport = LearnerTransport<T> && requires(const T&
 template <class T>
 concept ContributionBufferTransport = ContributionEncodingTransport<T> && requires(T& t, std::size_t bytes) {
   { t.contribution_buffer(bytes) } -> std::same_as<OutgoingPayload>;
+};
+
+// DiagnosingTransport<T> (optional, a LearnerTransport that can say why its
+// link does not work; ZmqLearnerTransport):
+//   1. `t.link_failure() -> std::optional<std::string>`: a reason the link
+//      cannot work as configured (refused authentication, mismatched security),
+//      known before any reply: OuterLoop::join throws it at once.
+//   2. `t.link_summary() -> std::string`: what the link saw so far (nothing
+//      listening, connected but silent), added to a join time-out's message.
+template <class T>
+concept DiagnosingTransport = LearnerTransport<T> && requires(T& t) {
+  { t.link_failure() } -> std::same_as<std::optional<std::string>>;
+  { t.link_summary() } -> std::same_as<std::string>;
 };
 
 template <class T>

@@ -14,7 +14,7 @@
 //   offset size field
 //        0    4 magic              "DDLF" (0x44 0x44 0x4C 0x46)
 //        4    2 protocol version   1
-//        6    1 message type       MessageType (1..6)
+//        6    1 message type       MessageType (1..8)
 //        7    1 codec              Codec (0..4)
 //        8    8 fingerprint        Message::fingerprint
 //       16    4 learner            Message::learner
@@ -29,13 +29,15 @@
 //       80    4 payload CRC-32C    over the payload bytes (detail/checksum.hpp)
 //       84    4 header CRC-32C     over bytes [0, 84)
 //       88      payload
-// join, heartbeat and leave carry no payload (n = 0). A null payload and an
-// empty one are the same on the wire; both decode to a null `Message::payload`.
+// join, heartbeat, leave, join_refused and observe carry no payload (n = 0). A
+// null payload and an empty one are the same on the wire; both decode to a null
+// `Message::payload`. A join_refused names its reason in the fragment field (a
+// JoinRefusal, message.hpp); any other value is bad_reason.
 //
 // # Decoding order (the first failed check is the error reported)
 //   too_short (fewer than 88 bytes) -> bad_magic -> bad_version ->
 //   header_checksum -> bad_type -> bad_codec -> bad_counters -> unexpected_payload
-//   -> too_large (n > DecodeLimits::max_elements) -> length_mismatch (payload
+//   -> bad_reason -> too_large (n > DecodeLimits::max_elements) -> length_mismatch (payload
 //   bytes field != encoded_size(codec, n)) -> too_short (frame shorter than its
 //   header says) / length_mismatch (trailing bytes) -> payload_checksum ->
 //   bad_payload (decode_frame only: a scale or code no encoder writes).
@@ -75,17 +77,18 @@ enum class WireError : std::uint8_t {
   bad_magic,           ///< not a ddiloco frame
   bad_version,         ///< another protocol version
   header_checksum,     ///< header bytes corrupted
-  bad_type,            ///< message type outside 1..6
+  bad_type,            ///< message type outside 1..8
   bad_codec,           ///< codec outside 0..4
   bad_counters,        ///< negative steps or tokens
-  unexpected_payload,  ///< join / heartbeat / leave with elements
+  unexpected_payload,  ///< join / heartbeat / leave / join_refused / observe with elements
   too_large,           ///< element count above DecodeLimits::max_elements
   length_mismatch,     ///< payload length field inconsistent with codec and count, or trailing bytes
   payload_checksum,    ///< payload bytes corrupted
   bad_payload,         ///< checksum fine but not a valid encoding (bad scale or code)
+  bad_reason,          ///< join_refused whose reason is not a JoinRefusal
 };
 
-inline constexpr std::size_t kWireErrorCount = static_cast<std::size_t>(WireError::bad_payload) + 1;
+inline constexpr std::size_t kWireErrorCount = static_cast<std::size_t>(WireError::bad_reason) + 1;
 
 constexpr std::string_view to_string(WireError e) noexcept {
   switch (e) {
@@ -101,6 +104,7 @@ constexpr std::string_view to_string(WireError e) noexcept {
     case WireError::length_mismatch: return "length_mismatch";
     case WireError::payload_checksum: return "payload_checksum";
     case WireError::bad_payload: return "bad_payload";
+    case WireError::bad_reason: return "bad_reason";
   }
   return "unknown";
 }
@@ -198,7 +202,7 @@ inline constexpr std::size_t magic = 0, protocol = 4, type = 6, codec = 7, finge
                              elements = 64, payload_bytes = 72, payload_crc = 80, header_crc = 84;
 }  // namespace frame_offset
 
-constexpr bool is_valid_message_type(std::uint8_t raw) noexcept { return raw >= 1 && raw <= 6; }
+constexpr bool is_valid_message_type(std::uint8_t raw) noexcept { return raw >= 1 && raw <= 8; }
 
 constexpr bool carries_payload(MessageType t) noexcept {
   return t == MessageType::full_state || t == MessageType::contribution || t == MessageType::global_fragment;
@@ -241,6 +245,10 @@ inline FrameHeader header_of(const Message& m, Codec codec, std::size_t elements
   if (elements != 0 && !carries_payload(m.type)) {
     throw InvalidArgument(msg("encode_frame: a ", to_string(m.type), " message carries no payload but has ",
                               elements, " elements; drop the payload"));
+  }
+  if (m.type == MessageType::join_refused && !is_valid_join_refusal(m.fragment)) {
+    throw InvalidArgument(msg("encode_frame: a join_refused message needs a JoinRefusal reason in `fragment`, got ",
+                              m.fragment));
   }
   FrameHeader h;
   h.type = m.type;
@@ -400,6 +408,7 @@ inline FrameViewResult decode_frame_view(std::span<const std::byte> frame, const
 
   if (h.steps < 0 || h.tokens < 0) return WireError::bad_counters;
   if (h.elements != 0 && !detail::carries_payload(h.type)) return WireError::unexpected_payload;
+  if (h.type == MessageType::join_refused && !is_valid_join_refusal(h.fragment)) return WireError::bad_reason;
   if (h.elements > limits.max_elements || h.elements > detail::kMaxCodecElements) return WireError::too_large;
   bool size_ok = true;
   const std::uint64_t need = detail::encoded_size_unchecked(h.codec, h.elements, size_ok);

@@ -16,6 +16,16 @@
 // chosen by a peer, so no connection can take over another learner's replies. Plain text must be chosen explicitly
 // (`ZmqSecurity::plaintext()`). Keys are Z85 text; `ddiloco_keygen` writes them.
 //
+// Saying what went wrong: the learner side watches its socket with ZeroMQ's
+// monitor and tells a refused key, mismatched security (plaintext vs CURVE), a
+// wrong syncer key and "nothing listening" apart (link_failure, link_summary;
+// OuterLoop::join throws the first at once). The syncer side records whom it
+// refused (take_refusals, rate limited) and answers a listed key that claims
+// another id with JoinRefusal::identity. docs/troubleshooting.md lists every
+// message and its fix.
+// The global-model view: ZmqObserver / fetch_global read the syncer's current
+// global state without being a learner (MessageType::observe).
+//
 // Threading: the syncer side owns its sockets on one I/O thread; send_to() may
 // be called from any thread (the runtime's merge workers), receive from one.
 // The learner side is used from the learner's thread only (as OuterLoop does).
@@ -45,6 +55,7 @@
 #include <ddiloco/codec.hpp>
 #include <ddiloco/detail/frame_pool.hpp>
 #include <ddiloco/error.hpp>
+#include <ddiloco/fragmenter.hpp>
 #include <ddiloco/message.hpp>
 #include <ddiloco/wire.hpp>
 
@@ -148,6 +159,32 @@ struct ZmqSecurity {
   }
 };
 
+/// A connection the syncer refused, for the operator's log
+/// (ZmqSyncerTransport::take_refusals). Rate limited: at most
+/// ZmqSyncerConfig::refusal_log_burst records per refusal_log_interval; the
+/// refusals in between are counted in the next record's `suppressed`.
+struct ZmqRefusal {
+  enum class Kind : std::uint8_t {
+    unlisted_key,  ///< ZAP: the CURVE public key is not on the allow-list
+    wrong_id,      ///< a listed key spoke for another learner id (answered with JoinRefusal::identity)
+  };
+  Kind kind = Kind::unlisted_key;
+  std::string public_key;  ///< Z85 (unlisted_key)
+  std::string address;     ///< the peer's IP address as ZAP reports it (unlisted_key)
+  LearnerId claimed = 0;   ///< wrong_id: the id the message claimed ...
+  LearnerId listed = 0;    ///< ... and the id the key is listed for
+  std::uint64_t suppressed = 0;
+
+  [[nodiscard]] std::string line() const {
+    const std::string more =
+        suppressed != 0 ? detail::msg("; ", suppressed, " earlier refusals not logged (rate limit)") : std::string();
+    if (kind == Kind::wrong_id)
+      return detail::msg("refused learner ", claimed, ": its key is on the allow-list for learner ", listed, more);
+    return detail::msg("refused connection from ", address.empty() ? "?" : address, ": public key ", public_key,
+                       " is not on the allow-list", more);
+  }
+};
+
 struct ZmqCounters {
   std::uint64_t frames_in = 0, frames_out = 0, bytes_in = 0, bytes_out = 0;
   std::uint64_t send_dropped = 0;         ///< high-water mark reached or peer unknown
@@ -219,10 +256,49 @@ struct ReceivedMessage {
 
 /// The ZAP handler (RFC 27): accepts a CURVE client whose public key is in
 /// the allow-list and tags its connection with the learner id as User-Id.
+/// Refusals waiting for the operator's log, rate limited (see ZmqRefusal).
+class RefusalLog {
+ public:
+  RefusalLog(std::chrono::steady_clock::duration interval, std::size_t burst) : interval_(interval), burst_(burst) {}
+
+  void add(ZmqRefusal r) {
+    std::lock_guard lock(mutex_);
+    const auto now = std::chrono::steady_clock::now();
+    if (!window_start_ || now - *window_start_ >= interval_) {
+      window_start_ = now;
+      window_count_ = 0;
+    }
+    if (window_count_ >= burst_ || queue_.size() >= 4 * burst_) {
+      ++suppressed_;
+      return;
+    }
+    ++window_count_;
+    r.suppressed = std::exchange(suppressed_, 0);
+    queue_.push_back(std::move(r));
+  }
+
+  std::vector<ZmqRefusal> take() {
+    std::lock_guard lock(mutex_);
+    std::vector<ZmqRefusal> out(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+    queue_.clear();
+    return out;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::chrono::steady_clock::duration interval_;
+  std::size_t burst_;
+  std::optional<std::chrono::steady_clock::time_point> window_start_;
+  std::size_t window_count_ = 0;
+  std::uint64_t suppressed_ = 0;
+  std::deque<ZmqRefusal> queue_;
+};
+
 class ZapHandler {
  public:
-  ZapHandler(void* context, std::map<LearnerId, std::string> allowed, std::atomic<std::uint64_t>& denied)
-      : allowed_(std::move(allowed)), denied_(&denied) {
+  ZapHandler(void* context, std::map<LearnerId, std::string> allowed, std::atomic<std::uint64_t>& denied,
+             RefusalLog& log)
+      : allowed_(std::move(allowed)), denied_(&denied), log_(&log) {
     socket_ = zmq_socket(context, ZMQ_REP);
     if (socket_ == nullptr) throw TransportError("ZAP: cannot create socket");
     zmq_check(zmq_bind(socket_, "inproc://zeromq.zap.01"), "ZAP bind inproc://zeromq.zap.01");
@@ -256,8 +332,8 @@ class ZapHandler {
       }
       // version, request id, domain, address, identity, mechanism, credentials...
       std::string status = "400", text = "denied", user;
+      char z85[41] = {};
       if (frames.size() >= 7 && frames[0] == "1.0" && frames[5] == "CURVE" && frames[6].size() == 32) {
-        char z85[41] = {};
         zmq_z85_encode(z85, reinterpret_cast<const std::uint8_t*>(frames[6].data()), 32);
         for (const auto& [id, key] : allowed_)
           if (key == z85) {
@@ -266,7 +342,13 @@ class ZapHandler {
             user = std::to_string(id);
           }
       }
-      if (status != "200") denied_->fetch_add(1);
+      if (status != "200") {
+        denied_->fetch_add(1);
+        ZmqRefusal r;
+        r.public_key = z85[0] != 0 ? std::string(z85) : std::string("(none)");
+        if (frames.size() > 3) r.address = frames[3];
+        log_->add(std::move(r));
+      }
       const std::string request_id = frames.size() > 1 ? frames[1] : std::string();
       const std::string reply[] = {"1.0", request_id, status, text, user, ""};
       for (std::size_t i = 0; i < 6; ++i)
@@ -277,6 +359,7 @@ class ZapHandler {
   void* socket_ = nullptr;
   std::map<LearnerId, std::string> allowed_;
   std::atomic<std::uint64_t>* denied_;
+  RefusalLog* log_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -299,6 +382,10 @@ struct ZmqSyncerConfig {
   /// fused decode (no copy of the payload between the socket and the
   /// accumulator; docs/performance.md). Off: every payload is decoded to fp32 here.
   bool keep_contributions_encoded = false;
+  /// Refused connections are recorded for the log (take_refusals) at most
+  /// `refusal_log_burst` times per `refusal_log_interval`.
+  Duration refusal_log_interval = std::chrono::seconds(10);
+  std::size_t refusal_log_burst = 8;
 };
 
 /// The syncer's end: binds a ROUTER socket and serves any number of learners.
@@ -314,7 +401,7 @@ class ZmqSyncerTransport {
         detail::check_z85_key(config_.security.own.secret_key, "syncer secret key");
         if (config_.security.allowed.empty())
           throw InvalidArgument("ZmqSyncerConfig: CURVE needs an allow-list of learner keys (or choose plaintext)");
-        zap_.emplace(context_, config_.security.allowed, denied_);
+        zap_.emplace(context_, config_.security.allowed, denied_, refusals_);
       }
       router_ = zmq_socket(context_, ZMQ_ROUTER);
       detail::set_int(router_, ZMQ_ROUTER_MANDATORY, 1, "ZMQ_ROUTER_MANDATORY");
@@ -396,6 +483,11 @@ class ZmqSyncerTransport {
     c.auth_denied = denied_.load();
     return c;
   }
+
+  /// Connections refused since the last call (keys not on the allow-list,
+  /// listed keys speaking for another id), oldest first, rate limited (see
+  /// ZmqRefusal): what the operator's log should say.
+  [[nodiscard]] std::vector<ZmqRefusal> take_refusals() { return refusals_.take(); }
 
  private:
   struct Outgoing {
@@ -529,6 +621,8 @@ class ZmqSyncerTransport {
           ++counters_.decode_errors;
         } else if (user != nullptr && std::to_string(r.value().learner) != user) {
           ++counters_.impersonations;  // a listed key speaking for another learner id
+          if (r.value().type == MessageType::join || r.value().type == MessageType::observe)
+            refuse_identity(rid, r.value(), user);
         } else {
           // The connection this learner spoke from last is where its replies go
           // (a restarted learner comes back on a new connection).
@@ -539,6 +633,33 @@ class ZmqSyncerTransport {
         }
       }
       zmq_msg_close(&rid);
+    }
+  }
+
+  /// Answers a join from a listed key that claims another id with
+  /// JoinRefusal::identity (on the connection it came from: it has no route of
+  /// its own), so that learner can say which id its key belongs to. Called
+  /// with mutex_ held, on the I/O thread.
+  void refuse_identity(zmq_msg_t& rid, const Message& m, const char* user) {
+    ZmqRefusal log;
+    log.kind = ZmqRefusal::Kind::wrong_id;
+    log.claimed = m.learner;
+    log.listed = static_cast<LearnerId>(std::stoul(user));
+    refusals_.add(log);
+    Message r;
+    r.type = MessageType::join_refused;
+    r.fingerprint = m.fingerprint;
+    r.learner = m.learner;
+    r.fragment = static_cast<std::uint32_t>(JoinRefusal::identity);
+    r.version = log.listed;
+    r.sequence = m.sequence;
+    const std::vector<std::byte> frame = encode_frame(r, Codec::fp32);
+    if (zmq_send(router_, zmq_msg_data(&rid), zmq_msg_size(&rid), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+        zmq_send(router_, frame.data(), frame.size(), ZMQ_DONTWAIT) >= 0) {
+      ++counters_.frames_out;
+      counters_.bytes_out += frame.size();
+    } else {
+      ++counters_.send_dropped;
     }
   }
 
@@ -564,6 +685,7 @@ class ZmqSyncerTransport {
   void* wake_send_ = nullptr;
   std::mutex wake_mutex_;
   std::atomic<std::uint64_t> denied_{0};
+  detail::RefusalLog refusals_{config_.refusal_log_interval, config_.refusal_log_burst};
   std::optional<detail::ZapHandler> zap_;
   std::string endpoint_;
   mutable std::mutex mutex_;
@@ -624,6 +746,20 @@ class ZmqLearnerTransport {
         detail::zmq_check(zmq_setsockopt(dealer_, ZMQ_CURVE_SECRETKEY, config_.security.own.secret_key.c_str(), 41),
                           "ZMQ_CURVE_SECRETKEY");
       }
+      // The socket monitor reports the connection's life (TCP connects,
+      // handshakes and their failures): link_failure() / link_summary(). It is
+      // connected before the DEALER connects, so no event is missed.
+      const std::string monitor = detail::msg("inproc://ddiloco-monitor-", reinterpret_cast<std::uintptr_t>(this));
+      detail::zmq_check(zmq_socket_monitor(dealer_, monitor.c_str(),
+                                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED |
+                                               ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL),
+                        "zmq_socket_monitor");
+      monitor_ = zmq_socket(context_, ZMQ_PAIR);
+      if (monitor_ == nullptr) throw TransportError("ZmqLearnerTransport: cannot create the monitor socket");
+      detail::set_int(monitor_, ZMQ_LINGER, 0, "ZMQ_LINGER");
+      detail::zmq_check(zmq_connect(monitor_, monitor.c_str()), "monitor connect");
       if (zmq_connect(dealer_, config_.connect.c_str()) != 0)
         throw TransportError(detail::msg("cannot connect to '", config_.connect, "': ", zmq_strerror(zmq_errno())));
     } catch (...) {
@@ -637,6 +773,7 @@ class ZmqLearnerTransport {
 
   [[nodiscard]] const Clock& clock() const noexcept { return *clock_; }
   [[nodiscard]] bool failed() const noexcept { return dealer_ == nullptr; }
+  [[nodiscard]] LearnerId id() const noexcept { return config_.id; }
 
   /// The codec contributions go out in, for an OuterLoop that encodes them
   /// itself (Message::encoded, see OuterLoop); none with error feedback, which
@@ -688,13 +825,100 @@ class ZmqLearnerTransport {
       if (auto m = receive(0)) return m;
       const TimePoint now = clock_->now();
       if (now >= deadline) return std::nullopt;
-      zmq_pollitem_t item{dealer_, 0, ZMQ_POLLIN, 0};
+      zmq_pollitem_t items[2] = {{dealer_, 0, ZMQ_POLLIN, 0}, {monitor_, 0, ZMQ_POLLIN, 0}};
       const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
-      zmq_poll(&item, 1, static_cast<long>(std::clamp<long long>(wait, 1, 1000)));
+      zmq_poll(items, 2, static_cast<long>(std::clamp<long long>(wait, 1, 1000)));
+      if (items[1].revents & ZMQ_POLLIN) drain_monitor();
     }
   }
 
   [[nodiscard]] const ZmqCounters& counters() const noexcept { return counters_; }
+
+  /// What the socket monitor has seen of the connection to the syncer.
+  struct LinkEvents {
+    std::uint64_t connects = 0;           ///< TCP connections made
+    std::uint64_t connect_retries = 0;    ///< TCP connects refused or timed out, retried
+    std::uint64_t disconnects = 0;
+    std::uint64_t handshakes = 0;         ///< ZMTP handshakes completed (authenticated under CURVE)
+    std::uint64_t auth_failures = 0;      ///< ZAP refused this learner's key (since the last handshake)
+    std::uint64_t protocol_failures = 0;  ///< ZMTP protocol errors, e.g. mechanism mismatch (same)
+    std::uint64_t silent_failures = 0;    ///< handshakes the peer closed without a reason (same)
+    int last_auth_status = 0;             ///< ZAP status code of the last auth failure (400: denied)
+    int last_protocol_error = 0;          ///< ZMQ_PROTOCOL_ERROR_* of the last protocol failure
+  };
+  [[nodiscard]] LinkEvents link_events() {
+    drain_monitor();
+    return events_;
+  }
+
+  /// DiagnosingTransport: why this link cannot work as configured, when the
+  /// handshake says so (empty otherwise). What libzmq 4.3 reports, measured:
+  ///   key not on the syncer's allow-list  -> HANDSHAKE_FAILED_AUTH, ZAP status 400
+  ///   plaintext vs CURVE (either side)    -> HANDSHAKE_FAILED_PROTOCOL, mechanism mismatch
+  ///   wrong syncer public key             -> HANDSHAKE_FAILED_NO_DETAIL (the syncer cannot
+  ///                                          decrypt our HELLO and closes), on every retry
+  /// A handshake that succeeds clears earlier failures (a syncer restarted with
+  /// the right keys). A silent failure counts once it repeated (one can be a
+  /// syncer stopping mid-handshake).
+  [[nodiscard]] std::optional<std::string> link_failure() {
+    drain_monitor();
+    const std::string& at = config_.connect;
+    if (events_.auth_failures > 0) {
+      return detail::msg("the syncer at ", at, " refused this learner's CURVE key (ZAP status ",
+                         events_.last_auth_status, "): public key ", config_.security.own.public_key,
+                         " is not on its allow-list; add the line '", config_.id, " ",
+                         config_.security.own.public_key,
+                         "' to the syncer's --allow file and restart the syncer, or use the key file that line "
+                         "was made from (--keys)");
+    }
+    if (events_.protocol_failures > 0) {
+      if (events_.last_protocol_error == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+        return config_.security.curve
+                   ? detail::msg("the syncer at ", at, " runs without encryption (--plaintext) but this learner "
+                                 "uses CURVE; give the syncer --keys and --allow, or run both with --plaintext")
+                   : detail::msg("the syncer at ", at, " requires CURVE encryption but this learner connects in "
+                                 "plaintext; pass --keys (this learner's key file) and --server-key (the "
+                                 "syncer's syncer.pub) instead of --plaintext");
+      }
+      return detail::msg("the ZeroMQ handshake with ", at, " failed (protocol error 0x", std::hex,
+                         events_.last_protocol_error, std::dec,
+                         "); is that endpoint a ddiloco syncer, of a compatible version?");
+    }
+    if (events_.silent_failures >= 2) {
+      return config_.security.curve
+                 ? detail::msg("the syncer at ", at, " closed the connection during the CURVE handshake ",
+                               events_.silent_failures, " times: the syncer public key this learner was given "
+                               "(--server-key, ", config_.security.server_public_key,
+                               ") is most likely not the syncer's (it cannot decrypt our hello); copy the "
+                               "syncer's .pub file from the syncer host. (A syncer that crashes while accepting "
+                               "would look the same: check its log.)")
+                 : detail::msg("the endpoint ", at, " closed the connection during the ZeroMQ handshake ",
+                               events_.silent_failures, " times; is it a ddiloco syncer?");
+    }
+    return std::nullopt;
+  }
+
+  /// DiagnosingTransport: what the link saw, for a join that timed out.
+  [[nodiscard]] std::string link_summary() {
+    drain_monitor();
+    const std::string& at = config_.connect;
+    if (events_.connects == 0 && events_.connect_retries > 0) {
+      return detail::msg("nothing accepted a TCP connection at ", at, " (", events_.connect_retries,
+                         " attempts refused or unanswered): no syncer is listening there; check that the syncer "
+                         "is running and that --connect's host and port match its --bind");
+    }
+    if (events_.connects == 0) {
+      return detail::msg("no TCP connection to ", at, " completed: the host may be down or unreachable, or a "
+                         "firewall drops the packets; check --connect and the network");
+    }
+    if (events_.handshakes == 0) {
+      return detail::msg("connected to ", at, " but the ZeroMQ handshake never completed: is that endpoint a "
+                         "ddiloco syncer?");
+    }
+    return detail::msg("connected", config_.security.curve ? " and authenticated" : "", " to the syncer at ", at,
+                       ", but it did not answer: it may be overloaded or stalled (see its log and status), or "
+                       "an older syncer that ignores a request for another plan");
+  }
 
  private:
   static int ms(Duration d) { return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); }
@@ -719,7 +943,56 @@ class ZmqLearnerTransport {
     }
   }
 
+  /// Reads every pending monitor event (two parts each: event + value, endpoint).
+  void drain_monitor() {
+    if (monitor_ == nullptr) return;
+    for (;;) {
+      zmq_msg_t head;
+      zmq_msg_init(&head);
+      if (zmq_msg_recv(&head, monitor_, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&head);
+        return;
+      }
+      std::uint16_t event = 0;
+      std::uint32_t value = 0;
+      if (zmq_msg_size(&head) >= 6) {
+        std::memcpy(&event, zmq_msg_data(&head), 2);
+        std::memcpy(&value, static_cast<const char*>(zmq_msg_data(&head)) + 2, 4);
+      }
+      const bool more = zmq_msg_more(&head) != 0;
+      zmq_msg_close(&head);
+      if (more) {
+        zmq_msg_t address;
+        zmq_msg_init(&address);
+        zmq_msg_recv(&address, monitor_, 0);
+        zmq_msg_close(&address);
+      }
+      switch (event) {
+        case ZMQ_EVENT_CONNECTED: ++events_.connects; break;
+        case ZMQ_EVENT_CONNECT_RETRIED: ++events_.connect_retries; break;
+        case ZMQ_EVENT_DISCONNECTED: ++events_.disconnects; break;
+        case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+          ++events_.handshakes;
+          events_.auth_failures = events_.protocol_failures = events_.silent_failures = 0;
+          break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+          ++events_.auth_failures;
+          events_.last_auth_status = static_cast<int>(value);
+          break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+          ++events_.protocol_failures;
+          events_.last_protocol_error = static_cast<int>(value);
+          break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL: ++events_.silent_failures; break;
+        default: break;
+      }
+    }
+  }
+
   void close() {
+    if (dealer_ != nullptr) zmq_socket_monitor(dealer_, nullptr, 0);
+    if (monitor_ != nullptr) zmq_close(monitor_);
+    monitor_ = nullptr;
     if (dealer_ != nullptr) zmq_close(dealer_);
     dealer_ = nullptr;
     if (context_ != nullptr) zmq_ctx_term(context_);
@@ -730,9 +1003,133 @@ class ZmqLearnerTransport {
   const Clock* clock_;
   void* context_ = nullptr;
   void* dealer_ = nullptr;
+  void* monitor_ = nullptr;  ///< PAIR socket reading dealer_'s monitor events
+  LinkEvents events_{};
   std::optional<ErrorFeedbackEncoder> feedback_;
   detail::LendingFramer framer_;
   ZmqCounters counters_{};
 };
+
+// ---- the global-model view ------------------------------------------------
+
+/// The syncer's current global parameters, as an observer fetched them.
+struct GlobalView {
+  std::uint64_t fingerprint = 0;          ///< the syncer's plan fingerprint
+  std::vector<std::uint64_t> versions;    ///< per fragment
+  std::vector<Payload> fragments;         ///< per fragment, in fragment order (Plan::offset_in_fragment)
+
+  /// Every tensor's values in plan order (Plan::tensors(), flat), checked
+  /// against `plan`: ProtocolError if it is another plan.
+  [[nodiscard]] std::vector<float> in_plan_order(const Plan& plan) const {
+    if (fingerprint != plan.fingerprint() || fragments.size() != plan.num_fragments())
+      throw ProtocolError(detail::msg("GlobalView: the syncer's plan (fingerprint ", detail::hex16(fingerprint),
+                                      ", ", fragments.size(), " fragments) is not this plan (fingerprint ",
+                                      detail::hex16(plan.fingerprint()), ", ", plan.num_fragments(),
+                                      " fragments); build the plan from the syncer's model and --fragments"));
+    std::vector<std::size_t> offset(plan.num_tensors() + 1, 0);
+    for (std::size_t t = 0; t < plan.num_tensors(); ++t) offset[t + 1] = offset[t] + plan.tensors()[t].numel;
+    std::vector<float> flat(plan.total_numel());
+    for (std::size_t p = 0; p < fragments.size(); ++p)
+      for (std::size_t t : plan.fragments()[p].tensors)
+        std::copy_n(fragments[p]->data() + plan.offset_in_fragment(t), plan.tensors()[t].numel,
+                    flat.data() + offset[t]);
+    return flat;
+  }
+};
+
+/// A read-only observer of the run: fetches the syncer's current global state
+/// without contributing (for evaluation and export). It sends `observe`
+/// requests (MessageType::observe) and is never a learner: the syncer does not
+/// count it in quorum, liveness or membership, and answers it at most once per
+/// SyncerConfig::observe_interval. Under CURVE it authenticates like a
+/// learner, so its id and key must be on the allow-list: give it an id of its
+/// own (not a training learner's, whose replies would then reach it).
+/// Connection problems are diagnosed as for a learner (link_failure). Used
+/// from one thread.
+class ZmqObserver {
+ public:
+  ZmqObserver(ZmqLearnerConfig config, const Clock& clock) : link_(std::move(config), clock) {}
+
+  /// The current global state. `fingerprint` 0 takes whatever plan the syncer
+  /// has; another value must be the syncer's (else ProtocolError naming both).
+  /// The request is repeated every `retry` (a rate-limited or lost one goes
+  /// unanswered); throws TransportError after `timeout` or at once when the
+  /// link cannot work (refused key, mismatched security).
+  GlobalView fetch(std::uint64_t fingerprint = 0, Duration timeout = std::chrono::seconds(30),
+                   Duration retry = std::chrono::milliseconds(1100)) {
+    const Clock& clock = link_.clock();
+    const TimePoint deadline = clock.now() + timeout;
+    const std::uint64_t nonce = ++nonce_ | (static_cast<std::uint64_t>(clock.now().count()) << 20);
+    GlobalView view;
+    std::size_t received = 0;
+    TimePoint sent{0};
+    bool ever_sent = false;
+    for (;;) {
+      if (!ever_sent || clock.now() - sent >= retry) {
+        Message m;
+        m.type = MessageType::observe;
+        m.fingerprint = fingerprint;
+        m.learner = id();
+        m.sequence = nonce;
+        link_.send(std::move(m));
+        sent = clock.now();
+        ever_sent = true;
+      }
+      auto m = link_.receive_until(std::min(deadline, sent + retry));
+      if (auto why = link_.link_failure())
+        throw TransportError(detail::msg("ZmqObserver: observer ", id(), " cannot fetch the global state: ", *why));
+      if (m && m->sequence == nonce && m->learner == id()) {
+        if (m->type == MessageType::join_refused) throw ProtocolError(refusal_text(*m, fingerprint));
+        if (m->type == MessageType::full_state && m->step > 0 && m->step <= (std::uint64_t{1} << 20) && m->payload) {
+          if (view.fragments.empty() || view.fingerprint != m->fingerprint) {
+            view = GlobalView{m->fingerprint, std::vector<std::uint64_t>(m->step, 0),
+                              std::vector<Payload>(m->step)};
+            received = 0;
+          }
+          if (m->fragment < view.fragments.size() && view.fragments.size() == m->step) {
+            if (!view.fragments[m->fragment]) ++received;
+            view.fragments[m->fragment] = m->payload;
+            view.versions[m->fragment] = m->version;
+            if (received == view.fragments.size()) return view;
+          }
+        }
+        continue;
+      }
+      if (!m && clock.now() >= deadline) {
+        throw TransportError(detail::msg("ZmqObserver: observer ", id(), " received ", received, " of ",
+                                         view.fragments.empty() ? std::string("the") : std::to_string(view.fragments.size()),
+                                         " fragments of the global state within ",
+                                         std::chrono::duration<double>(timeout).count(), " s; ", link_.link_summary()));
+      }
+    }
+  }
+
+  [[nodiscard]] ZmqLearnerTransport& transport() noexcept { return link_; }
+
+ private:
+  [[nodiscard]] LearnerId id() const noexcept { return link_.id(); }
+
+  static std::string refusal_text(const Message& m, std::uint64_t ours) {
+    if (static_cast<JoinRefusal>(m.fragment) == JoinRefusal::identity)
+      return detail::msg("ZmqObserver: the syncer refused observer ", m.learner,
+                         ": its key is on the allow-list for learner id ", m.version, "; observe with --id ",
+                         m.version, " or give the observer its own allow-list line");
+    return detail::msg("ZmqObserver: the syncer refused observer ", m.learner, ": its plan (fingerprint ",
+                       detail::hex16(m.fingerprint), ", ", m.version, " fragments, ", m.step,
+                       " parameters) is not the one asked for (fingerprint ", detail::hex16(ours),
+                       "); build the plan from the syncer's model and --fragments, or ask for fingerprint 0");
+  }
+
+  ZmqLearnerTransport link_;
+  std::uint64_t nonce_ = 0;
+};
+
+/// One fetch through a fresh ZmqObserver (connects, fetches, disconnects).
+inline GlobalView fetch_global(ZmqLearnerConfig config, std::uint64_t fingerprint = 0,
+                               Duration timeout = std::chrono::seconds(30)) {
+  SteadyClock clock;
+  ZmqObserver observer(std::move(config), clock);
+  return observer.fetch(fingerprint, timeout);
+}
 
 }  // namespace ddiloco
