@@ -13,6 +13,8 @@ CMake, plain text, and scripts with a #! line) it reports:
   - a relative path ("../x") in any file that, resolved from the file's folder, leaves the root;
   - an absolute path into the development machine (/work/..., /home/...) or the words
     "shared/reference";
+  - a path into one of the source folders (docs/, include/, tests/, ...) that is not a tracked
+    file or folder (wildcards and name prefixes such as tests/test_ are not paths);
   - a mention of algorithm.md other than docs/algorithm.md (outside docs/), and a cited
     section (docs/algorithm.md, "Section") that is not a heading of docs/algorithm.md;
   - a reference to a tracker issue number, which readers of the repository cannot see.
@@ -40,6 +42,9 @@ ALGO_RE = re.compile(r"([\w./-]*)algorithm\.md")
 SECTION_REF_RE = re.compile(r"docs/algorithm\.md,((?:\s*(?:,|and)?\s*\"[^\"\n]+\")+)")
 COMMENT_JOIN_RE = re.compile(r"\n[ \t]*(?:///?|#+(?!#)|\*)?[ \t]*")
 SCHEME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+# A path into one of the repository's source folders, named in prose or a comment.
+REPO_PATH_RE = re.compile(r"(?<![\w./$-])((?:docs|include|tests|scripts|examples|programs|bench|cmake|python)"
+                          r"/[\w./-]*[A-Za-z0-9/])")
 
 
 def tracked_files(root):
@@ -198,6 +203,13 @@ def check(root, files):
                 if not (prefix.endswith("docs/") or inside_docs):
                     problems.append(f"{rel}:{line_of(text, m.start())}: '{prefix}algorithm.md': write "
                                     f"docs/algorithm.md (the repository's copy)")
+            for m in REPO_PATH_RE.finditer(text):
+                path = m.group(1).rstrip("/.")
+                if text[m.end():m.end() + 1] in ("*", "_", "-", "<", "$", "{"):
+                    continue  # a pattern or a prefix, not a path
+                if path not in tracked and path not in folders:
+                    problems.append(f"{rel}:{line_of(text, m.start())}: names '{path}', which is not a tracked "
+                                    f"file or folder of the repository")
             joined = COMMENT_JOIN_RE.sub(" ", text)
             for m in SECTION_REF_RE.finditer(joined):
                 for name in re.findall(r"\"([^\"]+)\"", m.group(1)):
@@ -221,6 +233,7 @@ def self_test():
         }
         bad = {
             "docs/bad.md": "[out](../../outside.md) [missing](nothere.md) [anchor](algorithm.md#nope)\n",
+            "include/c.hpp": "// see docs/" + "gone.md and tests/test_*.cpp, tests/test_ and docs/ok.md\n",
             "include/b.hpp": "// see " + "iss" + "ue 7 and (docs/algorithm.md, \"Nope\") and " + "../" * 3 + "x\n"
                              "// algorithm.md 4.2 and /wo" + "rk/shared/x and shared" + "/reference/y\n",
         }
@@ -234,7 +247,7 @@ def self_test():
         found = check(root, sorted({**files, **bad}))
         expected = ["leaves the repository", "nothere.md is not a tracked file", "anchor #nope", "cites a tracker issue",
                     "\"Nope\", which is not a section", "points outside the repository", "write docs/algorithm.md",
-                    "a path on one machine", "a reference folder outside"]
+                    "a path on one machine", "a reference folder outside", "names 'docs/gone.md'"]
         missing = [e for e in expected if not any(e in p for p in found)]
         if missing:
             print("self-test: not detected: " + ", ".join(missing) + "\nfound:\n  " + "\n  ".join(found))
