@@ -504,12 +504,12 @@ TEST_CASE("The default embedding rule marks embedding and head tensors and nothi
   const EmbeddingRule rule;
   for (const char* yes : {"model.embed_tokens.weight", "tok_embeddings.weight", "transformer.wte.weight",
                           "transformer.wpe.weight", "lm_head.weight", "tok_emb.weight", "pos_emb.weight",
-                          "head.weight", "bert.embeddings.word_embeddings.weight"}) {
+                          "head.weight", "bert.embeddings.word_embeddings.weight", "emb"}) {
     INFO(yes);
     CHECK(rule(yes));
   }
   for (const char* no : {"layers.0.attention.wq.weight", "model.norm.weight", "blocks.0.heads.weight",
-                         "header.weight", "h.0.attn.c_attn.weight", "ahead.bias"}) {
+                         "header.weight", "h.0.attn.c_attn.weight", "ahead.bias", "member.w", "w_embx"}) {
     INFO(no);
     CHECK_FALSE(rule(no));
   }

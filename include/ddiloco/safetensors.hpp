@@ -114,12 +114,12 @@ struct SafetensorsWriteOptions {
 /// average, docs/algorithm.md) by name: a tensor is one if the ECMAScript
 /// regular expression matches anywhere in its name (std::regex_search).
 /// The default matches "embed" anywhere (embed_tokens, tok_embeddings,
-/// word_embeddings) and the parts wte, wpe, lm_head, tok_emb, pos_emb and
-/// head delimited by '.', '_' or the ends of the name (GPT-2's
-/// transformer.wte.weight, torch_gpt's head.weight), and not "heads" or
-/// "header". An empty pattern marks no tensor.
+/// word_embeddings) and the parts emb, wte, wpe, lm_head and head delimited
+/// by '.', '_' or the ends of the name (GPT-2's transformer.wte.weight,
+/// torch_gpt's tok_emb.weight and head.weight, the reference model's emb),
+/// and not "heads", "header" or "member". An empty pattern marks no tensor.
 inline constexpr std::string_view kDefaultEmbeddingPattern =
-    "embed|(^|[._])(wte|wpe|lm_head|tok_emb|pos_emb|head)([._]|$)";
+    "embed|(^|[._])(emb|wte|wpe|lm_head|head)([._]|$)";
 
 class EmbeddingRule {
  public:
