@@ -1,0 +1,105 @@
+"""ddiloco.Syncer: an in-process ZeroMQ syncer (tests, notebooks, single-host runs).
+
+The compiled core (ddiloco._core.SyncerCore) is the same Syncer + SyncerRuntime
++ ZmqSyncerTransport that the ddiloco_syncer program serves; this module turns
+a model (its names, sizes and initial values) into its arguments.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from . import _core
+from ._params import (EmbeddingRule, NamedParameters, default_fragments, embedding_flags, named_parameters,
+                      reject_unknown)
+
+
+class Syncer:
+    """The syncer of a run: binds ``bind`` (port ``*``: a free one; see ``endpoint``),
+    merges contributions (``merge``: 'rda' or 'average'; outer optimizer
+    'nesterov', 'sgd' or 'average') and streams merged fragments back.
+
+    ``model``: the same module or (name, parameter) pairs the learners pass (the
+    plan must match); its current values are the initial global state unless
+    ``init`` (a flat float32 array in model order) is given. Starts at once
+    unless ``start=False``. See docs/python.md for every keyword.
+    """
+
+    def __init__(self, model: NamedParameters, *, bind: str = "tcp://127.0.0.1:*", plaintext: bool = False,
+                 keys: Optional[str] = None, allow: Optional[str] = None, fragments: Optional[int] = None,
+                 overlap: int = 2, quorum: int = 1, grace_gamma: float = 0.3, grace_cap: float = 1.0,
+                 deadline: float = 60.0, max_staleness: int = 8, heartbeat_timeout: float = 10.0,
+                 send_merged_to: str = "alive", merge: str = "rda", outer_optimizer: str = "nesterov",
+                 outer_lr: float = 0.7, outer_momentum: float = 0.9, global_codec: str = "fp32",
+                 workers: int = 2, embedding: EmbeddingRule = None, init=None, start: bool = True, **unknown):
+        reject_unknown("ddiloco.Syncer", Syncer.__init__, unknown)
+        names, tensors, modules = named_parameters(model, "ddiloco.Syncer")
+        flags = embedding_flags(names, tensors, modules, embedding, "ddiloco.Syncer")
+        o = _core.SyncerOptions()
+        o.bind = bind
+        o.plaintext = plaintext
+        o.keys = keys or ""
+        o.allow = allow or ""
+        o.fragments = default_fragments(fragments, len(names))
+        o.overlap = overlap
+        o.quorum = quorum
+        o.grace_gamma = grace_gamma
+        o.grace_cap_s = grace_cap
+        o.deadline_s = deadline
+        o.max_staleness = max_staleness
+        o.heartbeat_timeout_s = heartbeat_timeout
+        o.send_merged_to = send_merged_to
+        o.merge = merge
+        o.outer_optimizer = outer_optimizer
+        o.outer_lr = outer_lr
+        o.outer_momentum = outer_momentum
+        o.global_codec = global_codec
+        o.workers = workers
+        numels = [int(t.numel()) for t in tensors]
+        if init is None:
+            with torch.no_grad():
+                init = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors]).numpy()
+        self.names = names
+        self._core = _core.SyncerCore(o, names, numels, flags, np.ascontiguousarray(init, dtype=np.float32))
+        if start:
+            self.start()
+
+    @property
+    def endpoint(self) -> str:
+        """The bound endpoint, with the actual port (give it to the learners)."""
+        return self._core.endpoint
+
+    @property
+    def fingerprint(self) -> int:
+        """The plan's fingerprint (the learners' must be equal)."""
+        return self._core.fingerprint
+
+    def start(self) -> None:
+        """Starts serving on background threads (releases the GIL)."""
+        self._core.start()
+
+    def stop(self) -> None:
+        """Stops serving; queued contributions are finished first (releases the GIL)."""
+        self._core.stop()
+
+    def close(self) -> None:
+        """Stops and unbinds; the syncer is unusable after."""
+        self._core.close()
+
+    def status(self) -> dict:
+        """learners_alive/known, joins, leaves, deaths, merges, contributions_accepted,
+        rejected (by reason), quorum_sizes, fragments (version, merges, ... per fragment),
+        ZeroMQ counters (decode_errors, auth_denied, ...) and 'line' (one printable line)."""
+        return self._core.status()
+
+    def global_parameters(self) -> np.ndarray:
+        """A copy of the global parameters, flat float32 in model order."""
+        return self._core.global_parameters()
+
+    def __enter__(self) -> "Syncer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

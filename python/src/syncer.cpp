@@ -1,0 +1,264 @@
+// python/src/syncer.cpp: ddiloco._core.SyncerCore, an in-process ZeroMQ syncer.
+//
+// What it is: what programs/ddiloco_syncer.cpp serves, for tests and notebooks:
+// a Syncer (merge rule and outer optimizer chosen by name) driven by a
+// SyncerRuntime on its own threads over a ZmqSyncerTransport bound to an
+// endpoint (port * picks a free port; `endpoint` says which). start() and
+// stop() release the GIL; status() is a dict.
+// What it is not: a checkpointing server (use the ddiloco_syncer program for
+// long runs: checkpoints, signals, status files).
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ddiloco/codec.hpp>
+#include <ddiloco/fast/merge.hpp>
+#include <ddiloco/fragmenter.hpp>
+#include <ddiloco/merge.hpp>
+#include <ddiloco/outer_optimizer.hpp>
+#include <ddiloco/syncer.hpp>
+#include <ddiloco/syncer_runtime.hpp>
+#include <ddiloco/transport/zmq.hpp>
+
+#include "common.hpp"
+
+namespace ddiloco::python {
+
+namespace {
+
+struct SyncerOptions {
+  std::string bind = "tcp://127.0.0.1:*";
+  std::size_t fragments = 4;
+  std::size_t overlap = 2;
+  std::size_t quorum = 1;
+  double grace_gamma = 0.3;
+  double grace_cap_s = 1.0;
+  double deadline_s = 60.0;
+  std::size_t max_staleness = 8;
+  double heartbeat_timeout_s = 10.0;
+  std::string send_merged_to = "alive";
+  std::string merge = "rda";
+  std::string outer_optimizer = "nesterov";
+  float outer_lr = 0.7f;
+  float outer_momentum = 0.9f;
+  std::string global_codec = "fp32";
+  bool plaintext = false;
+  std::string keys;   ///< the syncer's key file (CURVE)
+  std::string allow;  ///< allow-list file: `<learner-id> <public-key>` per line (CURVE)
+  std::size_t workers = 2;
+};
+
+class SyncerBase {
+ public:
+  virtual ~SyncerBase() = default;
+  virtual void start() = 0;
+  virtual void stop() = 0;
+  [[nodiscard]] virtual SyncerStatus status() const = 0;
+  [[nodiscard]] virtual ZmqCounters counters() const = 0;
+  [[nodiscard]] virtual std::vector<float> global_parameters() const = 0;
+  [[nodiscard]] virtual const std::string& endpoint() const = 0;
+  [[nodiscard]] virtual const Plan& plan() const = 0;
+};
+
+template <class Rule, class Opt>
+class SyncerImpl final : public SyncerBase {
+ public:
+  SyncerImpl(Plan plan, std::span<const float> init, const SyncerConfig& sc, const ZmqSyncerConfig& zc,
+             const SyncerRuntimeConfig& rc, Opt opt)
+      : syncer_(std::move(plan), init, clock_, sc, Rule(), opt), link_(zc, clock_), runtime_(syncer_, link_, rc) {}
+  ~SyncerImpl() override { runtime_.stop(); }
+  void start() override { runtime_.start(); }
+  void stop() override { runtime_.stop(); }
+  [[nodiscard]] SyncerStatus status() const override { return syncer_.status(); }
+  [[nodiscard]] ZmqCounters counters() const override { return link_.counters(); }
+  [[nodiscard]] std::vector<float> global_parameters() const override { return syncer_.global_parameters(); }
+  [[nodiscard]] const std::string& endpoint() const override { return link_.endpoint(); }
+  [[nodiscard]] const Plan& plan() const override { return syncer_.plan(); }
+
+ private:
+  SteadyClock clock_;
+  Syncer<Rule, Opt> syncer_;
+  ZmqSyncerTransport link_;
+  SyncerRuntime<Syncer<Rule, Opt>, ZmqSyncerTransport> runtime_;
+};
+
+template <class Rule>
+std::unique_ptr<SyncerBase> make_with_rule(const SyncerOptions& o, Plan plan, std::span<const float> init,
+                                           const SyncerConfig& sc, const ZmqSyncerConfig& zc,
+                                           const SyncerRuntimeConfig& rc) {
+  if (o.outer_optimizer == "nesterov")
+    return std::make_unique<SyncerImpl<Rule, NesterovSGD>>(std::move(plan), init, sc, zc, rc,
+                                                           NesterovSGD(o.outer_lr, o.outer_momentum));
+  if (o.outer_optimizer == "sgd")
+    return std::make_unique<SyncerImpl<Rule, PlainSGD>>(std::move(plan), init, sc, zc, rc, PlainSGD(o.outer_lr));
+  if (o.outer_optimizer == "average")
+    return std::make_unique<SyncerImpl<Rule, AverageOnly>>(std::move(plan), init, sc, zc, rc, AverageOnly());
+  throw InvalidArgument("ddiloco.Syncer: outer_optimizer = '" + o.outer_optimizer +
+                        "' must be 'nesterov' (the paper's), 'sgd' or 'average'");
+}
+
+class SyncerCore {
+ public:
+  SyncerCore(const SyncerOptions& o, const std::vector<std::string>& names, const std::vector<std::size_t>& numels,
+             const std::vector<bool>& embedding, py::array_t<float, py::array::c_style | py::array::forcecast> init) {
+    if (names.size() != numels.size() || names.size() != embedding.size())
+      throw ShapeMismatch(detail::msg("ddiloco.Syncer: ", names.size(), " names, ", numels.size(), " sizes and ",
+                                      embedding.size(), " embedding flags; pass one of each per parameter"));
+    std::vector<TensorSpec> specs;
+    for (std::size_t i = 0; i < names.size(); ++i) specs.push_back({names[i], numels[i], static_cast<bool>(embedding[i])});
+    Plan plan = make_plan(specs, o.fragments);
+    if (static_cast<std::size_t>(init.size()) != plan.total_numel())
+      throw ShapeMismatch(detail::msg("ddiloco.Syncer: the initial values hold ", init.size(), " floats but the "
+                                      "parameters have ", plan.total_numel(), " elements; pass the model itself (its "
+                                      "parameters are the initial values) or a flat float32 array in model order"));
+    SyncerConfig sc;
+    sc.quorum.min_quorum = o.quorum;
+    sc.quorum.overlap = o.overlap;
+    sc.quorum.gamma = o.grace_gamma;
+    sc.quorum.grace = o.grace_gamma > 0;
+    sc.quorum.cap = seconds(o.grace_cap_s, "grace_cap");
+    sc.quorum.deadline = seconds(o.deadline_s, "deadline");
+    sc.max_staleness = o.max_staleness;
+    sc.heartbeat_timeout = seconds(o.heartbeat_timeout_s, "heartbeat_timeout");
+    if (o.send_merged_to == "alive") {
+      sc.send_merged_to = MergeRecipients::alive;
+    } else if (o.send_merged_to == "contributors") {
+      sc.send_merged_to = MergeRecipients::contributors;
+    } else {
+      throw InvalidArgument("ddiloco.Syncer: send_merged_to = '" + o.send_merged_to +
+                            "' must be 'alive' (every live learner) or 'contributors'");
+    }
+    ZmqSyncerConfig zc;
+    zc.bind = o.bind;
+    zc.global_codec = parse_codec(o.global_codec);
+    zc.keep_contributions_encoded = true;
+    zc.security = security_of("ddiloco.Syncer", o.plaintext, o.keys, o.allow, "allow='allow.txt'");
+    if (zc.security.curve) {
+      zc.security.own = read_key_file(o.keys);
+      zc.security.allowed = read_allow_list(o.allow);
+    }
+    SyncerRuntimeConfig rc;
+    rc.workers = o.workers;
+    const std::span<const float> values(init.data(), static_cast<std::size_t>(init.size()));
+    if (o.merge == "rda") {
+      impl_ = make_with_rule<fast::RadialDirectional>(o, std::move(plan), values, sc, zc, rc);
+    } else if (o.merge == "average") {
+      impl_ = make_with_rule<WeightedAverage>(o, std::move(plan), values, sc, zc, rc);
+    } else {
+      throw InvalidArgument("ddiloco.Syncer: merge = '" + o.merge +
+                            "' must be 'rda' (token-weighted RDA, embeddings averaged) or 'average'");
+    }
+  }
+
+  void start() { open().start(); }
+  void stop() {
+    if (impl_) impl_->stop();
+  }
+  void close() {
+    py::gil_scoped_release release;
+    impl_.reset();
+  }
+
+  [[nodiscard]] py::dict status() const {
+    const SyncerStatus s = open().status();
+    const ZmqCounters z = open().counters();
+    py::dict d;
+    d["learners_known"] = s.learners_known;
+    d["learners_alive"] = s.learners_alive;
+    d["joins"] = s.joins;
+    d["leaves"] = s.leaves;
+    d["deaths"] = s.deaths;
+    d["merges"] = s.merges;
+    d["contributions_accepted"] = s.contributions_accepted;
+    d["mean_quorum_size"] = s.mean_quorum_size();
+    d["bytes_in"] = s.bytes_in;
+    d["bytes_out"] = s.bytes_out;
+    py::dict rejected;
+    for (std::size_t i = 0; i < kRejectReasons; ++i)
+      rejected[py::str(std::string(to_string(static_cast<RejectReason>(i))))] = s.rejected[i];
+    d["rejected"] = rejected;
+    d["rejected_total"] = s.rejected_total();
+    d["quorum_sizes"] = s.quorum_sizes;
+    py::list frags;
+    for (const auto& f : s.fragments) {
+      py::dict fd;
+      fd["version"] = f.version;
+      fd["merges"] = f.merges;
+      fd["open_contributions"] = f.open_contributions;
+      fd["last_quorum_size"] = f.last_quorum_size;
+      fd["contributions_merged"] = f.contributions_merged;
+      fd["grace_waits"] = f.grace_waits;
+      fd["deadline_merges"] = f.deadline_merges;
+      frags.append(fd);
+    }
+    d["fragments"] = frags;
+    d["decode_errors"] = z.decode_errors;
+    d["auth_denied"] = z.auth_denied;
+    d["impersonations"] = z.impersonations;
+    d["frames_in"] = z.frames_in;
+    d["frames_out"] = z.frames_out;
+    d["line"] = s.line();
+    return d;
+  }
+
+  /// The global parameters, flat in model order (a copy).
+  [[nodiscard]] py::array_t<float> global_parameters() const {
+    const std::vector<float> v = open().global_parameters();
+    py::array_t<float> out(static_cast<py::ssize_t>(v.size()));
+    std::copy(v.begin(), v.end(), out.mutable_data());
+    return out;
+  }
+
+  [[nodiscard]] std::string endpoint() const { return open().endpoint(); }
+  [[nodiscard]] std::uint64_t fingerprint() const { return open().plan().fingerprint(); }
+
+ private:
+  SyncerBase& open() const {
+    if (!impl_) throw StateError("ddiloco.Syncer: the syncer is closed; create a new one");
+    return *impl_;
+  }
+  std::unique_ptr<SyncerBase> impl_;
+};
+
+}  // namespace
+
+void bind_syncer(py::module_& m) {
+  py::class_<SyncerOptions>(m, "SyncerOptions", "Settings of a SyncerCore (see ddiloco.Syncer)")
+      .def(py::init<>())
+      .def_readwrite("bind", &SyncerOptions::bind)
+      .def_readwrite("fragments", &SyncerOptions::fragments)
+      .def_readwrite("overlap", &SyncerOptions::overlap)
+      .def_readwrite("quorum", &SyncerOptions::quorum)
+      .def_readwrite("grace_gamma", &SyncerOptions::grace_gamma)
+      .def_readwrite("grace_cap_s", &SyncerOptions::grace_cap_s)
+      .def_readwrite("deadline_s", &SyncerOptions::deadline_s)
+      .def_readwrite("max_staleness", &SyncerOptions::max_staleness)
+      .def_readwrite("heartbeat_timeout_s", &SyncerOptions::heartbeat_timeout_s)
+      .def_readwrite("send_merged_to", &SyncerOptions::send_merged_to)
+      .def_readwrite("merge", &SyncerOptions::merge)
+      .def_readwrite("outer_optimizer", &SyncerOptions::outer_optimizer)
+      .def_readwrite("outer_lr", &SyncerOptions::outer_lr)
+      .def_readwrite("outer_momentum", &SyncerOptions::outer_momentum)
+      .def_readwrite("global_codec", &SyncerOptions::global_codec)
+      .def_readwrite("plaintext", &SyncerOptions::plaintext)
+      .def_readwrite("keys", &SyncerOptions::keys)
+      .def_readwrite("allow", &SyncerOptions::allow)
+      .def_readwrite("workers", &SyncerOptions::workers);
+
+  py::class_<SyncerCore>(m, "SyncerCore", "An in-process ZeroMQ syncer (see ddiloco.Syncer)")
+      .def(py::init<const SyncerOptions&, const std::vector<std::string>&, const std::vector<std::size_t>&,
+                    const std::vector<bool>&, py::array_t<float, py::array::c_style | py::array::forcecast>>(),
+           py::arg("options"), py::arg("names"), py::arg("numels"), py::arg("embedding"), py::arg("init"))
+      .def("start", &SyncerCore::start, py::call_guard<py::gil_scoped_release>())
+      .def("stop", &SyncerCore::stop, py::call_guard<py::gil_scoped_release>())
+      .def("close", &SyncerCore::close)
+      .def("status", &SyncerCore::status)
+      .def("global_parameters", &SyncerCore::global_parameters)
+      .def_property_readonly("endpoint", &SyncerCore::endpoint)
+      .def_property_readonly("fingerprint", &SyncerCore::fingerprint);
+}
+
+}  // namespace ddiloco::python
