@@ -150,6 +150,7 @@ def check(root, files):
         algo_sections = set(headings(Path(root, "docs/algorithm.md").read_text("utf-8")))
 
     problems = []
+    reported = set()  # (file, line, path) already reported, so one missing path is one problem
     for rel in files:
         if not is_text(root, rel):
             continue
@@ -178,6 +179,7 @@ def check(root, files):
                 if resolved is None:
                     problems.append(f"{where}: link to '{target}' leaves the repository")
                 elif resolved not in tracked and resolved not in folders:
+                    reported.add((rel, line_of(body, pos), resolved))
                     problems.append(f"{where}: link to '{target}': {resolved} is not a tracked file of the repository (new? git add it)")
                 elif anchor and resolved.endswith(".md") and anchor not in anchors(resolved):
                     problems.append(f"{where}: link to '{target}': no heading of {resolved} has the anchor #{anchor}")
@@ -207,7 +209,9 @@ def check(root, files):
                 path = m.group(1).rstrip("/.")
                 if text[m.end():m.end() + 1] in ("*", "_", "-", "<", "$", "{"):
                     continue  # a pattern or a prefix, not a path
-                if path not in tracked and path not in folders:
+                key = (rel, line_of(text, m.start()), path)
+                if path not in tracked and path not in folders and key not in reported:
+                    reported.add(key)
                     problems.append(f"{rel}:{line_of(text, m.start())}: names '{path}', which is not a tracked "
                                     f"file or folder of the repository")
             joined = COMMENT_JOIN_RE.sub(" ", text)
