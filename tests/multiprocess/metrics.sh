@@ -18,9 +18,13 @@
 # Usage: metrics.sh SYNCER LEARNER KEYGEN [CHAOS_CLIENT]
 source "$(dirname "$0")/lib.sh"
 
-PROMETHEUS=${DDILOCO_PROMETHEUS:-$(command -v prometheus || true)}
-if [ -z "$PROMETHEUS" ] && [ -x /usr/bin/prometheus ]; then PROMETHEUS=/usr/bin/prometheus; fi
-if [ -z "$PROMETHEUS" ]; then
+# DDILOCO_PROMETHEUS: the server to use (set but empty: behave as if absent).
+if [ -n "${DDILOCO_PROMETHEUS+set}" ]; then
+  PROMETHEUS=$DDILOCO_PROMETHEUS
+else
+  PROMETHEUS=$(command -v prometheus || true)
+fi
+if [ -z "$PROMETHEUS" ] || [ ! -x "$PROMETHEUS" ]; then
   echo "SKIP: prometheus not installed (apt-get install prometheus); the metrics scrape test needs a real server"
   exit 0
 fi
