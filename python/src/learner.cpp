@@ -252,6 +252,17 @@ class LearnerCore {
     pending_.clear();
   }
 
+  /// step() as Python sees it: a step that sent, applied and waited for nothing
+  /// returns one shared, immutable report (no allocation on the common path).
+  py::object step_py(std::int64_t tokens) {
+    StepResult r = step(tokens);
+    if (!r.sent && r.applied.empty() && !r.waited) {
+      if (!nothing_) nothing_ = py::cast(StepResult{});
+      return nothing_;
+    }
+    return py::cast(std::move(r));
+  }
+
   StepResult step(std::int64_t tokens) {
     check(loop_ != nullptr, "step");
     const std::uint64_t t = loop_->status().step + 1;
@@ -447,6 +458,7 @@ class LearnerCore {
   std::vector<std::uint64_t> sent_at_;  ///< per fragment: step of the send awaiting its result, kNone if none
   std::vector<std::size_t> pending_;    ///< fragments sent and awaiting their result
   std::vector<std::uint64_t> before_;   ///< scratch: base versions of pending_ before a step
+  py::object nothing_;                  ///< the shared report of a step that did nothing
 };
 
 }  // namespace
@@ -489,7 +501,7 @@ void bind_learner(py::module_& m) {
            py::arg("options"), py::arg("names"), py::arg("tensors"), py::arg("embedding"), py::arg("float32"),
            py::arg("copy_out"), py::arg("copy_in"))
       .def("join", &LearnerCore::join)
-      .def("step", &LearnerCore::step, py::arg("tokens"))
+      .def("step", &LearnerCore::step_py, py::arg("tokens"))
       .def("leave", &LearnerCore::leave)
       .def("close", &LearnerCore::close)
       .def_property_readonly("joined", &LearnerCore::joined)
