@@ -29,9 +29,14 @@
 namespace ddiloco::cli {
 
 inline void add_metrics_flags(Flags& f) {
+#if DDILOCO_WITH_PROMETHEUS
+  const std::string availability;
+#else
+  const std::string availability = " [this build has no metrics: it was built without prometheus-cpp-dev]";
+#endif
   f.add("metrics", "",
         "serve Prometheus metrics at http://ADDR:PORT/metrics, e.g. 0.0.0.0:9100 (port 0: any free port; "
-        "empty: no metrics); see docs/metrics.md");
+        "empty: no metrics); see docs/metrics.md" + availability);
   f.add("metrics-file", "", "write the metrics address actually served (ADDR:PORT) to this file once listening");
 }
 
