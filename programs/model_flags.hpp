@@ -119,6 +119,10 @@ inline Model model_from_flags(const Flags& f, bool values) {
       m.source = "--tensors " + list;
     }
   } else {
+    if (list.empty() && !init.empty())
+      throw InvalidArgument("--init '" + init + "' is not named *.safetensors, so it is read as raw fp32, which "
+                            "needs --tensors FILE to say which tensors it holds; rename a safetensors file to "
+                            "end in .safetensors, or add --tensors");
     if (list.empty())
       throw InvalidArgument("give the model: --init FILE.safetensors, --tensors FILE (with --init FILE.f32 for its "
                             "values) or --reference-model; see --help");
