@@ -98,3 +98,17 @@ def reject_unknown(who: str, function: Callable, unknown: dict) -> None:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise TypeError(f"{who}: unknown keyword argument {name!r}{hint} (the keywords are: {', '.join(known)})")
+
+
+def fill(who: str, options, values: dict) -> None:
+    """Sets options.<attribute> for each keyword -> (attribute, value); a value of the wrong type or
+    range (a negative count, a string for a number) is a TypeError naming the keyword."""
+    for keyword, (attribute, value) in values.items():
+        default = getattr(options, attribute)
+        try:
+            if isinstance(default, bool) and not isinstance(value, bool):
+                raise TypeError
+            setattr(options, attribute, value)
+        except TypeError:
+            kind = {bool: "True or False", int: "an int >= 0", float: "a number", str: "a string"}[type(default)]
+            raise TypeError(f"{who}: {keyword} = {value!r} must be {kind}") from None

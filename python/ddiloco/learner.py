@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Optional, Union
 import torch
 
 from . import _core
-from ._params import (EmbeddingRule, NamedParameters, default_fragments, embedding_flags, named_parameters,
+from ._params import (EmbeddingRule, NamedParameters, default_fragments, embedding_flags, fill, named_parameters,
                       reject_unknown)
 
 StepReport = _core.StepReport
@@ -50,23 +50,15 @@ class Learner:
         names, tensors, modules = named_parameters(model, "ddiloco.Learner")
         flags = embedding_flags(names, tensors, modules, embedding, "ddiloco.Learner")
         o = _core.LearnerOptions()
-        o.endpoint = endpoint
-        o.id = id
-        o.plaintext = plaintext
-        o.keys = keys or ""
-        o.server_key = server_key or ""
-        o.fragments = default_fragments(fragments, len(names))
-        o.sync_every = sync_every
-        o.overlap = overlap
-        o.alpha = alpha
-        o.lock_step = lock_step
-        o.codec = codec
-        o.error_feedback = error_feedback
-        o.join_timeout_s = join_timeout
-        o.join_retry_s = join_retry
-        o.heartbeat_s = heartbeat
-        o.lock_step_timeout_s = lock_step_timeout
-        o.staging = staging
+        fill("ddiloco.Learner", o, {
+            "endpoint": ("endpoint", endpoint), "id": ("id", id), "plaintext": ("plaintext", plaintext),
+            "keys": ("keys", keys or ""), "server_key": ("server_key", server_key or ""),
+            "fragments": ("fragments", default_fragments(fragments, len(names))),
+            "sync_every": ("sync_every", sync_every), "overlap": ("overlap", overlap), "alpha": ("alpha", alpha),
+            "lock_step": ("lock_step", lock_step), "codec": ("codec", codec),
+            "error_feedback": ("error_feedback", error_feedback), "join_timeout": ("join_timeout_s", join_timeout),
+            "join_retry": ("join_retry_s", join_retry), "heartbeat": ("heartbeat_s", heartbeat),
+            "lock_step_timeout": ("lock_step_timeout_s", lock_step_timeout), "staging": ("staging", staging)})
         self.names = names
         self.parameters = tensors
         self._core = _core.LearnerCore(o, names, tensors, flags, torch.float32, _copy_out, _copy_in)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from . import _core
-from ._params import (EmbeddingRule, NamedParameters, default_fragments, embedding_flags, named_parameters,
+from ._params import (EmbeddingRule, NamedParameters, default_fragments, embedding_flags, fill, named_parameters,
                       reject_unknown)
 
 
@@ -38,25 +38,17 @@ class Syncer:
         names, tensors, modules = named_parameters(model, "ddiloco.Syncer")
         flags = embedding_flags(names, tensors, modules, embedding, "ddiloco.Syncer")
         o = _core.SyncerOptions()
-        o.bind = bind
-        o.plaintext = plaintext
-        o.keys = keys or ""
-        o.allow = allow or ""
-        o.fragments = default_fragments(fragments, len(names))
-        o.overlap = overlap
-        o.quorum = quorum
-        o.grace_gamma = grace_gamma
-        o.grace_cap_s = grace_cap
-        o.deadline_s = deadline
-        o.max_staleness = max_staleness
-        o.heartbeat_timeout_s = heartbeat_timeout
-        o.send_merged_to = send_merged_to
-        o.merge = merge
-        o.outer_optimizer = outer_optimizer
-        o.outer_lr = outer_lr
-        o.outer_momentum = outer_momentum
-        o.global_codec = global_codec
-        o.workers = workers
+        fill("ddiloco.Syncer", o, {
+            "bind": ("bind", bind), "plaintext": ("plaintext", plaintext), "keys": ("keys", keys or ""),
+            "allow": ("allow", allow or ""), "fragments": ("fragments", default_fragments(fragments, len(names))),
+            "overlap": ("overlap", overlap), "quorum": ("quorum", quorum), "grace_gamma": ("grace_gamma", grace_gamma),
+            "grace_cap": ("grace_cap_s", grace_cap), "deadline": ("deadline_s", deadline),
+            "max_staleness": ("max_staleness", max_staleness),
+            "heartbeat_timeout": ("heartbeat_timeout_s", heartbeat_timeout),
+            "send_merged_to": ("send_merged_to", send_merged_to), "merge": ("merge", merge),
+            "outer_optimizer": ("outer_optimizer", outer_optimizer), "outer_lr": ("outer_lr", outer_lr),
+            "outer_momentum": ("outer_momentum", outer_momentum), "global_codec": ("global_codec", global_codec),
+            "workers": ("workers", workers)})
         numels = [int(t.numel()) for t in tensors]
         if init is None:
             with torch.no_grad():

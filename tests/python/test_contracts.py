@@ -65,6 +65,20 @@ def test_unknown_keywords_are_refused_with_the_closest_known_one(tiny):
                            id=0).__enter__()
 
 
+def test_values_of_the_wrong_type_or_range_name_the_keyword(tiny):
+    with pytest.raises(TypeError, match=r"ddiloco.Learner: id = -1 must be an int >= 0"):
+        ddiloco.Learner(tiny, endpoint="tcp://127.0.0.1:1", id=-1,
+                        plaintext=True)
+    with pytest.raises(TypeError, match=r"ddiloco.Learner: plaintext = 'yes' must be True or False"):
+        ddiloco.Learner(tiny, endpoint="tcp://127.0.0.1:1", id=0, plaintext="yes")
+    with pytest.raises(TypeError, match=r"ddiloco.Syncer: outer_lr = 'fast' must be a number"):
+        ddiloco.Syncer(tiny, plaintext=True, outer_lr="fast")
+    with pytest.raises(ddiloco.InvalidArgument, match=r"join_timeout = 0 s must be a finite number of seconds > 0"):
+        learner(tiny, join_timeout=0)
+    with pytest.raises(ddiloco.InvalidArgument, match=r"merge = 'median' must be 'rda'"):
+        ddiloco.Syncer(tiny, plaintext=True, merge="median")
+
+
 @pytest.mark.parametrize("endpoint", ["127.0.0.1:5555", "localhost"])
 def test_an_endpoint_without_a_scheme_is_refused(tiny, endpoint):
     with pytest.raises(ddiloco.InvalidArgument, match=re.escape(f"endpoint = '{endpoint}' is not a ZeroMQ endpoint; "
