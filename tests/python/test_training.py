@@ -74,7 +74,12 @@ def test_two_learners_reduce_the_loss_of_the_global_model_below_the_bound(syncer
     assert not any(t.is_alive() for t in threads), "learners did not finish in time"
     assert not errors, errors
     st = s.status()
-    assert st["joins"] == 2 and st["merges"] >= 20 and st["rejected_total"] == 0, st["line"]
+    # A learner thread descheduled while the other ran several rounds ahead may send from a base more
+    # than max_staleness versions old: rejected as stale and answered (an expected outcome, counted;
+    # seen once in about ten runs on a loaded 2-core machine). Nothing else may be rejected.
+    others = st["rejected_total"] - st["rejected"]["stale"]
+    assert st["joins"] >= 2 and st["merges"] >= 20 and others == 0, st["line"]
+    assert st["contributions_accepted"] >= 100, st["line"]
     assert all(r["applies"] >= 10 and r["send_failures"] == 0 for r in results.values()), results
     # The syncer's global parameters: plan order is model order here (weight, bias).
     g = s.global_parameters()
