@@ -44,6 +44,9 @@ int main(int argc, char** argv) try {
   if (ck.empty()) throw InvalidArgument("give --checkpoint FILE_OR_DIR (the syncer's --checkpoint-dir); see --help");
   if (out.empty()) throw InvalidArgument("give --out FILE.safetensors; see --help");
 
+  if (!fs::exists(ck))
+    throw InvalidArgument("--checkpoint '" + ck + "' does not exist; give a checkpoint file or the syncer's "
+                          "--checkpoint-dir");
   LoadedCheckpoint c;
   if (fs::is_directory(ck)) {
     std::vector<CheckpointProblem> skipped;
