@@ -14,7 +14,8 @@
 //               examples/torch_gpt/plot_torch_gpt.py draws DIR/loss.png.
 //   --smoke     seconds: a tiny model, Decoupled DiLoCo with the failure tape; exits 1 unless the
 //               validation loss of the global parameters went down by 15%.
-//   --export DIR  writes DIR/tensors.txt and DIR/init.f32 for the ddiloco_syncer program.
+//   --export DIR  writes DIR/tensors.txt and DIR/init.f32 for the ddiloco_syncer program, and
+//               DIR/model.safetensors (names, shapes, values) for `ddiloco_syncer --init` alone.
 //   --connect EP  one learner process over ZeroMQ against ddiloco_syncer (see docs/torch.md).
 //
 // Time: with --driver virtual (default) every inner step costs --step-ms of SIMULATED cluster time
@@ -27,6 +28,9 @@
 #include <ddiloco/tensor_list.hpp>
 #ifdef DDILOCO_TORCH_GPT_ZMQ
 #include <ddiloco/transport/zmq.hpp>
+#endif
+#ifdef DDILOCO_TORCH_GPT_SAFETENSORS
+#include <ddiloco/safetensors.hpp>
 #endif
 
 #include <algorithm>
@@ -305,11 +309,28 @@ void export_for_syncer(const Options& o, const std::string& dir) {
     ddiloco::write_tensor_list(f, specs);
   }
   std::ofstream f(fs::path(dir) / "init.f32", std::ios::binary);
+  std::vector<std::vector<float>> values;
   for (auto& p : model->parameters()) {
     std::vector<float> host(ddiloco::tensor_size(p));
     ddiloco::read_tensor(p, std::span<float>(host));
     f.write(reinterpret_cast<const char*>(host.data()), static_cast<std::streamsize>(host.size() * sizeof(float)));
+    values.push_back(std::move(host));
   }
+#ifdef DDILOCO_TORCH_GPT_SAFETENSORS
+  // The same tensors with their names and shapes: `ddiloco_syncer --init DIR/model.safetensors`
+  // needs no tensor list (its default embedding rule marks tok_emb., pos_emb. and head., as here).
+  std::vector<ddiloco::SafetensorsView> views;
+  std::size_t i = 0;
+  for (const auto& p : model->named_parameters()) {
+    std::vector<std::uint64_t> shape;
+    for (auto d : p.value().sizes()) shape.push_back(static_cast<std::uint64_t>(d));
+    views.push_back({p.key(), std::move(shape), values[i++]});
+  }
+  ddiloco::write_safetensors(fs::path(dir) / "model.safetensors", std::span<const ddiloco::SafetensorsView>(views),
+                             {.metadata = {{"format", "pt"}}, .allow_non_finite = false});
+  std::printf("wrote %s/model.safetensors; or start the syncer with --init %s/model.safetensors alone\n",
+              dir.c_str(), dir.c_str());
+#endif
   std::printf("wrote %s/tensors.txt (%zu tensors) and %s/init.f32; start the syncer with\n"
               "  ddiloco_syncer --plaintext --tensors %s/tensors.txt --init %s/init.f32 --fragments %zu "
               "--sync-every %zu\n",

@@ -78,8 +78,11 @@ stop_syncer_with_sigterm
 note "$(cat "$WORK/export-ref.log")"
 
 # 2. A syncer from the file alone; stopped at once, its global is the file.
-start_from st --init "$WORK/ref.safetensors"
-log_has st "syncer: 5 tensors (1 embeddings), 125817 parameters from $WORK/ref.safetensors" ||
+# The reference model marks embedding and output.weight (the unembedding) as
+# embeddings; the default rule matches only the first: say so.
+EMB=(--embedding-pattern '^(embedding|output\.weight)$')
+start_from st --init "$WORK/ref.safetensors" "${EMB[@]}"
+log_has st "syncer: 5 tensors (2 embeddings), 125817 parameters from $WORK/ref.safetensors" ||
   fail "the syncer did not take the plan from the file: $(head -n 3 "$WORK/st.log")"
 stop_syncer_with_sigterm
 "$EXPORT" --checkpoint "$WORK/st.ck" --out "$WORK/st.safetensors" >"$WORK/export-st.log" 2>&1 ||
@@ -90,9 +93,11 @@ note "initial vs exported: $same"
 
 # 3. Trained: a learner (whose plan is the reference model's, so the file's
 #    plan must be the same, embedding flag included) until 5 merges.
-start_from tr --init "$WORK/ref.safetensors"
-start_learner l0 0 1 2000
-wait_until 120 "5 merges" status_at_least merges tr 5
+start_from tr --init "$WORK/ref.safetensors" "${EMB[@]}"
+start_learner l0 0 1 2000 --plaintext
+merged_or_gone() { status_at_least merges tr 5 || exited "$LEARNER_PID"; }
+wait_until 120 "5 merges" merged_or_gone
+status_at_least merges tr 5 || fail "the learner exited before 5 merges"
 stop_syncer_with_sigterm
 kill -TERM "$LEARNER_PID" 2>/dev/null || true
 "$EXPORT" --checkpoint "$WORK/tr.ck" --out "$WORK/tr.safetensors" >"$WORK/export-tr.log" 2>&1 ||
@@ -101,7 +106,7 @@ note "$(cat "$WORK/export-tr.log")"
 moved=$(compare "$WORK/ref.safetensors" "$WORK/tr.safetensors" moved) ||
   fail "the trained export does not hold moved, finite values under the same names: $moved"
 note "initial vs trained: $moved"
-"$EXPORT" --checkpoint "$WORK/tr.ck" --init "$WORK/ref.safetensors" --out "$WORK/tr2.safetensors" \
+"$EXPORT" --checkpoint "$WORK/tr.ck" --init "$WORK/ref.safetensors" "${EMB[@]}" --out "$WORK/tr2.safetensors" \
   >"$WORK/export-tr2.log" 2>&1 || fail "export with --init failed: $(cat "$WORK/export-tr2.log")"
 compare "$WORK/tr.safetensors" "$WORK/tr2.safetensors" same >/dev/null ||
   fail "the export with the plan from --init differs from the one with the plan from the checkpoint"
@@ -115,7 +120,7 @@ h = json.loads(data[8:8 + n]); h.pop("__metadata__", None)
 for name, e in sorted(h.items(), key=lambda kv: kv[1]["data_offsets"][0]):
     numel = 1
     for d in e["shape"]: numel *= d
-    print(name, numel, "embedding" if name == "emb" else "")
+    print(name, numel, "embedding" if name in ("embedding", "output.weight") else "")
 EOF
 "$EXPORT" --checkpoint "$WORK/tr.ck" --tensors "$WORK/right.txt" --out "$WORK/tr3.safetensors" \
   >"$WORK/export-tr3.log" 2>&1 || fail "export with --tensors failed: $(cat "$WORK/export-tr3.log")"
@@ -123,12 +128,13 @@ compare "$WORK/tr.safetensors" "$WORK/tr3.safetensors" same >/dev/null ||
   fail "the export with the plan from --tensors differs from the one with the plan from the checkpoint"
 
 # 4. Refusals, each with a message naming the problem, nothing written.
-sed 's/^w1 /w_one /' "$WORK/right.txt" >"$WORK/wrong.txt"
+sed 's/^hidden0.weight /hidden0.w /' "$WORK/right.txt" >"$WORK/wrong.txt"
 if "$EXPORT" --checkpoint "$WORK/tr.ck" --tensors "$WORK/wrong.txt" --out "$WORK/bad.safetensors" \
   >"$WORK/export-bad.log" 2>&1; then
   fail "export with a mismatching tensor list succeeded"
 fi
-grep -q "differ at tensor 1: 'w_one' in --tensors $WORK/wrong.txt, 'w1' in the checkpoint" "$WORK/export-bad.log" ||
+grep -q "differ at tensor 1: 'hidden0.w' in --tensors $WORK/wrong.txt, 'hidden0.weight' in the checkpoint" \
+  "$WORK/export-bad.log" ||
   fail "the mismatch message does not name the tensor: $(cat "$WORK/export-bad.log")"
 [ ! -e "$WORK/bad.safetensors" ] || fail "a mismatching export wrote a file"
 [ -z "$(find "$WORK" -maxdepth 1 -name '.bad.safetensors.tmp-*')" ] || fail "a temporary file was left behind"
