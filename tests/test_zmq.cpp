@@ -473,6 +473,19 @@ TEST_CASE("A learner given the wrong syncer public key is told the key is most l
   CHECK_THAT(what, Catch::Contains("closed the connection during the CURVE handshake") &&
                        Catch::Contains("--server-key") && Catch::Contains(not_the_syncer.public_key));
   CHECK(seconds < 10.0);
+  // The syncer saw a hello it could not decrypt (its monitor: ZMTP cryptographic
+  // error). A learner that hangs up first leaves it only a dropped connection,
+  // so one stays connected (retrying) until the syncer has seen it.
+  ZmqLearnerTransport retrying(s.learner(0, s.listed, not_the_syncer.public_key), steady);
+  std::vector<ZmqRefusal> seen;
+  REQUIRE(eventually([&] {
+    for (auto& r : s.link->take_refusals()) seen.push_back(r);
+    return !seen.empty();
+  }));
+  CHECK(seen[0].kind == ZmqRefusal::Kind::undecryptable);
+  CHECK_THAT(seen[0].line(), Catch::Contains("--server-key"));
+  CHECK(s.link->counters().handshake_failures >= 1);
+  CHECK(s.link->counters().auth_denied == 0);  // ZAP never saw this peer
 }
 
 TEST_CASE("Plaintext against CURVE is named from either side", "[zmq][diagnosis]") {
@@ -482,12 +495,22 @@ TEST_CASE("Plaintext against CURVE is named from either side", "[zmq][diagnosis]
     INFO(what);
     CHECK_THAT(what, Catch::Contains("requires CURVE") && Catch::Contains("--server-key"));
     CHECK(seconds < 10.0);
+    ZmqLearnerTransport retrying(plain_learner(s.link->endpoint(), 0), steady);  // see the test above
+    std::vector<ZmqRefusal> seen;
+    REQUIRE(eventually([&] {
+      for (auto& r : s.link->take_refusals()) seen.push_back(r);
+      return !seen.empty();
+    }));
+    CHECK(seen[0].kind == ZmqRefusal::Kind::wrong_mechanism);
+    CHECK_THAT(seen[0].line(), Catch::Contains("--plaintext learner"));
   }
   SECTION("a CURVE learner against a plaintext syncer") {
     Served s(false);
     const auto [what, seconds] = failed_join(s.plan, s.curve_learner(0), quick_join(0));
     INFO(what);
-    CHECK_THAT(what, Catch::Contains("runs without encryption (--plaintext)"));
+    // The mismatch itself, or (the syncer hung up first, every retry) the message naming both causes.
+    CHECK_THAT(what, Catch::Contains("runs without encryption (--plaintext)") ||
+                         Catch::Contains("A syncer that runs --plaintext"));
     CHECK(seconds < 10.0);
   }
 }

@@ -165,12 +165,14 @@ struct ZmqSecurity {
 /// refusals in between are counted in the next record's `suppressed`.
 struct ZmqRefusal {
   enum class Kind : std::uint8_t {
-    unlisted_key,  ///< ZAP: the CURVE public key is not on the allow-list
-    wrong_id,      ///< a listed key spoke for another learner id (answered with JoinRefusal::identity)
+    unlisted_key,    ///< ZAP: the CURVE public key is not on the allow-list
+    wrong_id,        ///< a listed key spoke for another learner id (answered with JoinRefusal::identity)
+    undecryptable,   ///< a CURVE hello this syncer cannot decrypt: the peer has another syncer public key
+    wrong_mechanism, ///< a peer without CURVE (plaintext) against this CURVE syncer
   };
   Kind kind = Kind::unlisted_key;
   std::string public_key;  ///< Z85 (unlisted_key)
-  std::string address;     ///< the peer's IP address as ZAP reports it (unlisted_key)
+  std::string address;     ///< the peer's IP address as ZAP reports it (unlisted_key; unknown for the others)
   LearnerId claimed = 0;   ///< wrong_id: the id the message claimed ...
   LearnerId listed = 0;    ///< ... and the id the key is listed for
   std::uint64_t suppressed = 0;
@@ -180,6 +182,13 @@ struct ZmqRefusal {
         suppressed != 0 ? detail::msg("; ", suppressed, " earlier refusals not logged (rate limit)") : std::string();
     if (kind == Kind::wrong_id)
       return detail::msg("refused learner ", claimed, ": its key is on the allow-list for learner ", listed, more);
+    // ZeroMQ names no peer address for a failed handshake on a bound socket.
+    if (kind == Kind::undecryptable)
+      return detail::msg("refused a connection: its CURVE hello could not be decrypted (a learner whose "
+                         "--server-key is not this syncer's public key?)", more);
+    if (kind == Kind::wrong_mechanism)
+      return detail::msg("refused a connection without CURVE (a --plaintext learner against this CURVE syncer?)",
+                         more);
     return detail::msg("refused connection from ", address.empty() ? "?" : address, ": public key ", public_key,
                        " is not on the allow-list", more);
   }
@@ -191,6 +200,7 @@ struct ZmqCounters {
   std::uint64_t decode_errors = 0;        ///< frames that failed validation
   std::uint64_t impersonations = 0;       ///< authenticated key spoke for another learner id
   std::uint64_t auth_denied = 0;          ///< ZAP refusals (unknown keys)
+  std::uint64_t handshake_failures = 0;   ///< syncer: handshakes failed before ZAP (another server key, plaintext peer)
   WireCounters wire{};                    ///< decode failures by kind
 };
 
@@ -404,6 +414,19 @@ class ZmqSyncerTransport {
         zap_.emplace(context_, config_.security.allowed, denied_, refusals_);
       }
       router_ = zmq_socket(context_, ZMQ_ROUTER);
+      if (router_ == nullptr) throw TransportError("ZmqSyncerTransport: cannot create the ROUTER socket");
+      if (config_.security.curve) {
+        // Handshakes that fail before ZAP (a peer with another syncer key, or
+        // without CURVE) are seen only by the socket monitor: logged, unnamed.
+        const std::string monitor = detail::msg("inproc://ddiloco-syncer-monitor-",
+                                                reinterpret_cast<std::uintptr_t>(this));
+        detail::zmq_check(zmq_socket_monitor(router_, monitor.c_str(), ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL),
+                          "zmq_socket_monitor");
+        monitor_ = zmq_socket(context_, ZMQ_PAIR);
+        if (monitor_ == nullptr) throw TransportError("ZmqSyncerTransport: cannot create the monitor socket");
+        detail::set_int(monitor_, ZMQ_LINGER, 0, "ZMQ_LINGER");
+        detail::zmq_check(zmq_connect(monitor_, monitor.c_str()), "monitor connect");
+      }
       detail::set_int(router_, ZMQ_ROUTER_MANDATORY, 1, "ZMQ_ROUTER_MANDATORY");
       detail::set_int(router_, ZMQ_SNDHWM, config_.send_hwm, "ZMQ_SNDHWM");
       detail::set_int(router_, ZMQ_RCVHWM, config_.recv_hwm, "ZMQ_RCVHWM");
@@ -541,13 +564,15 @@ class ZmqSyncerTransport {
 
   void io_loop() {
     while (!stop_.load()) {
-      zmq_pollitem_t items[2] = {{router_, 0, ZMQ_POLLIN, 0}, {wake_recv_, 0, ZMQ_POLLIN, 0}};
-      zmq_poll(items, 2, 100);
+      zmq_pollitem_t items[3] = {
+          {router_, 0, ZMQ_POLLIN, 0}, {wake_recv_, 0, ZMQ_POLLIN, 0}, {monitor_, 0, ZMQ_POLLIN, 0}};
+      zmq_poll(items, monitor_ != nullptr ? 3 : 2, 100);
       if (items[1].revents & ZMQ_POLLIN) {
         char b;
         while (zmq_recv(wake_recv_, &b, 1, ZMQ_DONTWAIT) >= 0) {
         }
       }
+      if (monitor_ != nullptr && (items[2].revents & ZMQ_POLLIN)) drain_monitor();
       flush_outgoing();
       if (items[0].revents & ZMQ_POLLIN) receive_all();
     }
@@ -663,9 +688,50 @@ class ZmqSyncerTransport {
     }
   }
 
+  /// Failed handshakes the monitor reported (two parts each: event + value, endpoint).
+  void drain_monitor() {
+    for (;;) {
+      zmq_msg_t head;
+      zmq_msg_init(&head);
+      if (zmq_msg_recv(&head, monitor_, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&head);
+        return;
+      }
+      std::uint16_t event = 0;
+      std::uint32_t value = 0;
+      if (zmq_msg_size(&head) >= 6) {
+        std::memcpy(&event, zmq_msg_data(&head), 2);
+        std::memcpy(&value, static_cast<const char*>(zmq_msg_data(&head)) + 2, 4);
+      }
+      const bool more = zmq_msg_more(&head) != 0;
+      zmq_msg_close(&head);
+      if (more) {
+        zmq_msg_t address;
+        zmq_msg_init(&address);
+        zmq_msg_recv(&address, monitor_, 0);
+        zmq_msg_close(&address);
+      }
+      if (event != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) continue;
+      {
+        std::lock_guard lock(mutex_);
+        ++counters_.handshake_failures;
+      }
+      ZmqRefusal r;
+      if (value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC) {
+        r.kind = ZmqRefusal::Kind::undecryptable;
+      } else if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+        r.kind = ZmqRefusal::Kind::wrong_mechanism;
+      } else {
+        continue;  // counted; other protocol errors are not a configuration we can name
+      }
+      refusals_.add(std::move(r));
+    }
+  }
+
   void close_sockets() {
     std::lock_guard lock(wake_mutex_);
-    for (void** s : {&router_, &wake_recv_, &wake_send_})
+    if (router_ != nullptr && monitor_ != nullptr) zmq_socket_monitor(router_, nullptr, 0);
+    for (void** s : {&router_, &wake_recv_, &wake_send_, &monitor_})
       if (*s != nullptr) {
         zmq_close(*s);
         *s = nullptr;
@@ -683,6 +749,7 @@ class ZmqSyncerTransport {
   void* router_ = nullptr;
   void* wake_recv_ = nullptr;
   void* wake_send_ = nullptr;
+  void* monitor_ = nullptr;  ///< PAIR socket reading router_'s failed handshakes (CURVE only)
   std::mutex wake_mutex_;
   std::atomic<std::uint64_t> denied_{0};
   detail::RefusalLog refusals_{config_.refusal_log_interval, config_.refusal_log_burst};
@@ -857,9 +924,12 @@ class ZmqLearnerTransport {
   ///   plaintext vs CURVE (either side)    -> HANDSHAKE_FAILED_PROTOCOL, mechanism mismatch
   ///   wrong syncer public key             -> HANDSHAKE_FAILED_NO_DETAIL (the syncer cannot
   ///                                          decrypt our HELLO and closes), on every retry
-  /// A handshake that succeeds clears earlier failures (a syncer restarted with
-  /// the right keys). A silent failure counts once it repeated (one can be a
-  /// syncer stopping mid-handshake).
+  /// Which side notices a mechanism mismatch first is a race: the learner may
+  /// see the syncer hang up (NO_DETAIL) instead of the mismatch, so a silent
+  /// failure counts only once it happened 3 times (each retry is another draw,
+  /// and one syncer stopping mid-handshake is not a configuration error), and
+  /// its message names both possible causes. A handshake that succeeds clears
+  /// earlier failures (a syncer restarted with the right keys).
   [[nodiscard]] std::optional<std::string> link_failure() {
     drain_monitor();
     const std::string& at = config_.connect;
@@ -884,16 +954,19 @@ class ZmqLearnerTransport {
                          events_.last_protocol_error, std::dec,
                          "); is that endpoint a ddiloco syncer, of a compatible version?");
     }
-    if (events_.silent_failures >= 2) {
+    if (events_.silent_failures >= 3) {
       return config_.security.curve
                  ? detail::msg("the syncer at ", at, " closed the connection during the CURVE handshake ",
                                events_.silent_failures, " times: the syncer public key this learner was given "
                                "(--server-key, ", config_.security.server_public_key,
                                ") is most likely not the syncer's (it cannot decrypt our hello); copy the "
-                               "syncer's .pub file from the syncer host. (A syncer that crashes while accepting "
-                               "would look the same: check its log.)")
-                 : detail::msg("the endpoint ", at, " closed the connection during the ZeroMQ handshake ",
-                               events_.silent_failures, " times; is it a ddiloco syncer?");
+                               "syncer's .pub file from the syncer host. (A syncer that runs --plaintext, or "
+                               "crashes while accepting, can look the same: check its log.)")
+                 : detail::msg("the syncer at ", at, " closed the connection during the ZeroMQ handshake ",
+                               events_.silent_failures, " times: it most likely requires CURVE encryption and "
+                               "this learner connects in plaintext; pass --keys (this learner's key file) and "
+                               "--server-key (the syncer's syncer.pub) instead of --plaintext (or the endpoint "
+                               "is not a ddiloco syncer)");
     }
     return std::nullopt;
   }
