@@ -48,9 +48,19 @@ for p in ddiloco_syncer ddiloco_learner ddiloco_keygen ddiloco_sim; do
 done
 echo "ddiloco_syncer --help and every program's --version: ok ($want)"
 (cd "$work" && "$usr/bin/ddiloco_keygen" k >/dev/null) && [ -s "$work/k.pub" ] || fail "ddiloco_keygen wrote no key"
-# ddiloco_sim finds its model lists next to its own bin/, not in any source tree.
-"$usr/bin/ddiloco_sim" plan "$usr/share/ddiloco/models/llama-1b.txt" --out "$work/sim" >/dev/null \
-  || fail "ddiloco_sim plan on the installed llama-1b.txt failed"
+# ddiloco_sim all finds its model lists in share/ddiloco/models next to its own
+# bin/ (a short --hours keeps it quick), and a copy of it elsewhere says where it looked.
+"$usr/bin/ddiloco_sim" all --hours 0.05 --out "$work/sim" >"$work/sim.log" 2>&1 \
+  || { cat "$work/sim.log" >&2; fail "the installed ddiloco_sim all failed"; }
+for m in llama-1b gemma-2b moe-small; do
+  [ -s "$work/sim/plan_$m.md" ] || fail "ddiloco_sim all wrote no plan_$m.md"
+done
+mkdir -p "$work/elsewhere" && cp "$usr/bin/ddiloco_sim" "$work/elsewhere/"
+if "$work/elsewhere/ddiloco_sim" all --out "$work/sim2" 2>"$work/sim2.log"; then
+  fail "ddiloco_sim without its model lists did not fail"
+fi
+grep -q "cannot find the model lists.*$work/share/ddiloco/models.*--models DIR" "$work/sim2.log" \
+  || fail "ddiloco_sim without its model lists said: $(cat "$work/sim2.log")"
 
 # An external consumer against the extracted prefix only.
 opt=OFF
