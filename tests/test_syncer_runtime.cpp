@@ -115,12 +115,12 @@ TEST_CASE(
     std::latch go(kProducers);
     std::vector<std::jthread> producers;
     for (LearnerId id = 1; id <= kProducers; ++id) {
-      producers.emplace_back([&, id] {
+      producers.emplace_back([&, id] {  // rig.*: Clang 14 cannot capture structured bindings
         go.arrive_and_wait();
         // Sequences increase per learner, so a reordering within a fragment
         // or a second handling would be rejected as a duplicate.
         for (std::uint64_t i = 1; i <= kPerProducer; ++i)
-          runtime.deliver(contribution(plan, id, i % plan.num_fragments(), seq0() + i));
+          rig.runtime.deliver(contribution(rig.plan, id, i % rig.plan.num_fragments(), seq0() + i));
       });
     }
   }                // producers joined
@@ -152,10 +152,10 @@ TEST_CASE(
   {
     std::vector<std::jthread> learners;
     for (LearnerId id = 1; id <= kLearners; ++id) {
-      learners.emplace_back([&, id] {
-        auto t = net.learner(id);
+      learners.emplace_back([&, id] {  // rig.*: Clang 14 cannot capture structured bindings
+        auto t = rig.net.learner(id);
         for (std::uint64_t i = 1; i <= kPerLearner; ++i)
-          if (!t.send(contribution(plan, id, i % plan.num_fragments(), seq0() + i))) refused.fetch_add(1);
+          if (!t.send(contribution(rig.plan, id, i % rig.plan.num_fragments(), seq0() + i))) refused.fetch_add(1);
       });
     }
   }

@@ -69,6 +69,8 @@ struct StoringRule {
   Accumulator make_accumulator(std::span<const TensorSegment> layout) const { return Accumulator(layout); }
 };
 
+// Clang 14 calls each policy's `name` an unused constant (-Wunused-const-variable:
+// the harness reads it only through TestRule<Policy>::name), hence [[maybe_unused]].
 struct DefaultPolicy {
   static constexpr bool keeps_zero_weights = false;
   static constexpr bool leaky_reset = false;
@@ -76,7 +78,7 @@ struct DefaultPolicy {
 
 /// A correct weighted average: the control for the harness itself.
 struct CorrectAverage : DefaultPolicy {
-  static constexpr std::string_view name = "correct_average";
+  [[maybe_unused]] static constexpr std::string_view name = "correct_average";
   static void combine(const std::vector<Stored>& items, double total, std::span<float> out) {
     for (std::size_t i = 0; i < out.size(); ++i) {
       double s = 0.0;
@@ -88,7 +90,7 @@ struct CorrectAverage : DefaultPolicy {
 
 /// Ignores the weights: an unweighted mean of everything added, zero weights included.
 struct IgnoresWeights : DefaultPolicy {
-  static constexpr std::string_view name = "ignores_weights";
+  [[maybe_unused]] static constexpr std::string_view name = "ignores_weights";
   static constexpr bool keeps_zero_weights = true;
   static void combine(const std::vector<Stored>& items, double, std::span<float> out) {
     for (std::size_t i = 0; i < out.size(); ++i) {
@@ -101,7 +103,7 @@ struct IgnoresWeights : DefaultPolicy {
 
 /// An exponential moving average: later inputs count more.
 struct DependsOnOrder : DefaultPolicy {
-  static constexpr std::string_view name = "depends_on_order";
+  [[maybe_unused]] static constexpr std::string_view name = "depends_on_order";
   static void combine(const std::vector<Stored>& items, double, std::span<float> out) {
     for (std::size_t i = 0; i < out.size(); ++i) {
       double s = items.front().v[i];
@@ -113,7 +115,7 @@ struct DependsOnOrder : DefaultPolicy {
 
 /// Returns the first input it received.
 struct FirstInput : DefaultPolicy {
-  static constexpr std::string_view name = "first_input";
+  [[maybe_unused]] static constexpr std::string_view name = "first_input";
   static void combine(const std::vector<Stored>& items, double, std::span<float> out) {
     std::copy(items.front().v.begin(), items.front().v.end(), out.begin());
   }
@@ -121,7 +123,7 @@ struct FirstInput : DefaultPolicy {
 
 /// Forgets to divide by the total weight.
 struct WeightedSum : DefaultPolicy {
-  static constexpr std::string_view name = "weighted_sum";
+  [[maybe_unused]] static constexpr std::string_view name = "weighted_sum";
   static void combine(const std::vector<Stored>& items, double, std::span<float> out) {
     for (std::size_t i = 0; i < out.size(); ++i) {
       double s = 0.0;
@@ -133,7 +135,7 @@ struct WeightedSum : DefaultPolicy {
 
 /// Clips each input to norm 1 before averaging: not homogeneous.
 struct ClipsNorms : DefaultPolicy {
-  static constexpr std::string_view name = "clips_norms";
+  [[maybe_unused]] static constexpr std::string_view name = "clips_norms";
   static void combine(const std::vector<Stored>& items, double total, std::span<float> out) {
     std::vector<double> acc(out.size(), 0.0);
     for (const auto& it : items) {
@@ -147,7 +149,7 @@ struct ClipsNorms : DefaultPolicy {
 
 /// A correct average whose reset() forgets to drop the previous round's inputs.
 struct LeakyReset : CorrectAverage {
-  static constexpr std::string_view name = "leaky_reset";
+  [[maybe_unused]] static constexpr std::string_view name = "leaky_reset";
   static constexpr bool leaky_reset = true;
   static void combine(const std::vector<Stored>& items, double, std::span<float> out) {
     double total = 0.0;
@@ -158,7 +160,7 @@ struct LeakyReset : CorrectAverage {
 
 /// Throws from add(): the checks report the exception instead of crashing.
 struct Throws : DefaultPolicy {
-  static constexpr std::string_view name = "throws";
+  [[maybe_unused]] static constexpr std::string_view name = "throws";
   static void combine(const std::vector<Stored>&, double, std::span<float>) {
     throw ddiloco::StateError("this rule always fails");
   }
