@@ -1,15 +1,21 @@
 // ddiloco_keygen: makes a CURVE key pair for a syncer or a learner.
 //
 //   ddiloco_keygen NAME      writes NAME.key (public + secret, mode 0600) and NAME.pub (public only)
+//   ddiloco_keygen --version
 //
 // Give the syncer its NAME.key and an allow-list with each learner's id and
 // public key; give each learner its own NAME.key and the syncer's NAME.pub.
 #include <ddiloco/transport/zmq.hpp>
+#include <ddiloco/version.hpp>
 
 #include <cstdio>
 #include <string>
 
 int main(int argc, char** argv) try {
+  if (argc == 2 && std::string(argv[1]) == "--version") {
+    std::printf("ddiloco_keygen %s\n", DDILOCO_VERSION_STRING);
+    return 0;
+  }
   if (argc != 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::puts("usage: ddiloco_keygen NAME   (writes NAME.key with the secret key, NAME.pub with the public key)");
     return argc == 2 ? 0 : 2;

@@ -24,4 +24,5 @@
 #include <ddiloco/tensor.hpp>
 #include <ddiloco/tensor_list.hpp>
 #include <ddiloco/transport/in_process.hpp>
+#include <ddiloco/version.hpp>
 #include <ddiloco/wire.hpp>
