@@ -119,7 +119,8 @@ std::string dims(py::handle seq) {
   std::string s = "[";
   bool first = true;
   for (py::handle d : seq) {
-    s += (first ? "" : ", ") + py::str(d).cast<std::string>();
+    if (!first) s += ", ";  // appended: GCC 12 misreports `"" + std::string` (-Wstringop-overflow under LTO)
+    s += py::str(d).cast<std::string>();
     first = false;
   }
   return s + "]";
