@@ -528,6 +528,38 @@ TEST_CASE("A global that arrives after send + tau is applied on arrival and coun
   CHECK(report.sent == std::optional<std::size_t>{0});  // and fragment 0 still goes out on time
 }
 
+TEST_CASE("Each apply after a send records its staleness in versions and its delay in steps", "[outer_loop]") {
+  // Two learners send fragment 1 at step 2 from base version 0; the syncer
+  // (K = 1) merges them one after the other (versions 1 and 2) and sends both
+  // globals to both. At step 4 (= 2 + tau) each applies version 2: 2 versions
+  // past its base, 2 steps after its send.
+  Rig r;
+  auto l1 = r.net.learner(1);
+  auto l2 = r.net.learner(2);
+  Outer o1(r.plan, l1, learner_config(1, 2)), o2(r.plan, l2, learner_config(2, 2));
+  VecParams p1 = zero_params(), p2 = zero_params();
+  r.join(o1, p1);
+  r.join(o2, p2);
+  CHECK(o1.status().staleness_versions.count() == 0);  // the join's full state is not an apply after a send
+  for (int t = 1; t <= 4; ++t) {
+    inner_step(p1);
+    o1.step(p1, 1);
+    inner_step(p2);
+    o2.step(p2, 1);
+    r.pump();
+  }
+  REQUIRE(r.syncer.fragment(1).second == 2);
+  for (const Outer* o : {&o1, &o2}) {
+    const auto& st = o->status();
+    REQUIRE(st.staleness_versions.count() == 1);
+    CHECK(st.staleness_versions.sum() == 2.0);
+    REQUIRE(st.apply_delay_steps.count() == 1);
+    CHECK(st.apply_delay_steps.sum() == 2.0);
+    CHECK(st.staleness_versions.cumulative(1) == 0);  // not in le = 0 or le = 1
+    CHECK(st.staleness_versions.cumulative(2) == 1);  // le = 2
+  }
+}
+
 // ---- a silent syncer ---------------------------------------------------------------
 
 TEST_CASE("With a syncer that never answers, step() always returns, failures are counted and no progress is lost",
@@ -864,4 +896,78 @@ TEST_CASE("A NaN under a quantised contribution codec throws from step() and lea
   const auto c = r.intercept();
   REQUIRE(c.size() == 2);  // fragment 0 at step 4, fragment 1 at step 6
   CHECK(encoded_bytes(c[1]) == encode(Codec::int4, Flat{1.5f, 1.5f, 2.25f, 2.25f}));
+}
+
+// ---- the global view and refused joins ------------------------------------------
+
+TEST_CASE("read_global gives the newest global received for every fragment, applied or still due", "[outer_loop]") {
+  Rig r;
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, /*tau=*/2));
+  VecParams p = zero_params();
+  VecParams g = zero_params();
+  CHECK_THROWS_AS(outer.read_global(g), StateError);
+  r.join(outer, p);
+  outer.read_global(g);
+  CHECK(g == kInit);  // joined: the global is the initial state
+  CHECK(outer.global_version(0) == 0);
+  CHECK(outer.global_fragment(0).size() == 4);
+  // Step 2 sends fragment 1; its merged result arrives at once but applies only at step 4.
+  for (int t = 1; t <= 2; ++t) {
+    inner_step(p);
+    outer.step(p, 1);
+  }
+  r.pump();
+  inner_step(p);
+  outer.step(p, 1);  // step 3: the global is received, not yet applied
+  outer.read_global(g);
+  CHECK(outer.global_version(1) == 1);
+  CHECK(g[kW] == kInit[kW]);  // fragment 0 not merged yet
+  CHECK(g[kB] == r.global_tensor(kB));
+  CHECK(g[kC] == r.global_tensor(kC));
+  CHECK(g[kB] == local_after(kB, 2));  // the merge of one contribution is the sender's fragment at send time
+  CHECK(p[kB] == local_after(kB, 3));  // the local parameters still run ahead: not applied before step 4
+}
+
+TEST_CASE("A join the syncer refuses throws ProtocolError naming both plans, or both schedules", "[outer_loop]") {
+  SECTION("another plan") {
+    Rig r;
+    const Plan other = make_plan({{"w", 4, false}, {"b", 2, false}, {"c", 2, false}}, 1);
+    auto lt = r.net.learner(1);
+    OuterLoop<InProcessLearnerTransport, Flat> outer(other, lt, learner_config(1, 1));
+    VecParams p = zero_params();
+    outer.begin_join(p);
+    r.pump();
+    CHECK_THROWS_WITH(outer.poll_join(p), Catch::Contains("the syncer refused learner 1: its plan") &&
+                                              Catch::Contains(detail::hex16(r.plan.fingerprint()) + ", 2 fragments") &&
+                                              Catch::Contains(detail::hex16(other.fingerprint()) + ", 1 fragments"));
+  }
+  SECTION("another schedule") {
+    SyncerConfig sc = one_per_round();
+    sc.sync_every = 8;
+    sc.quorum.overlap = 1;
+    Rig r(1024, {}, sc);
+    auto lt = r.net.learner(1);
+    Outer outer(r.plan, lt, learner_config(1, 1));  // H = 4
+    VecParams p = zero_params();
+    outer.begin_join(p);
+    r.pump();
+    CHECK_THROWS_AS(outer.poll_join(p), ProtocolError);
+    CHECK_FALSE(outer.joined());
+  }
+  SECTION("a refusal of an older join (another nonce) is ignored") {
+    Rig r;
+    auto lt = r.net.learner(1);
+    Outer outer(r.plan, lt, learner_config(1, 1));
+    VecParams p = zero_params();
+    outer.begin_join(p);
+    Message stale;
+    stale.type = MessageType::join_refused;
+    stale.learner = 1;
+    stale.fragment = static_cast<std::uint32_t>(JoinRefusal::foreign_plan);
+    stale.sequence = 12345;  // not this join's nonce
+    r.link.send_to(1, std::move(stale));
+    r.pump();
+    CHECK(outer.poll_join(p));
+  }
 }

@@ -215,6 +215,68 @@ TEST_CASE("The grace window delays the merge after the quorum and gathers a late
   CHECK(s.status().fragments[p].grace_waits >= 1);
 }
 
+TEST_CASE("Each merge records its round time, and a merge after a grace window the time it waited", "[syncer]") {
+  Rig r;
+  SyncerConfig c = k_of(1, /*grace=*/true);
+  c.quorum.overlap = 2;
+  c.quorum.gamma = 0.5;
+  c.quorum.cap = 1s;
+  Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, c);
+  for (LearnerId id : {1u, 2u}) r.join(s, id);
+  const auto p = r.fragment_of_w();
+  // No step time known yet: grace 0, the round merges at once (0 s, no grace wait).
+  s.handle(r.contribution(1, p, 0.1f, Rig::seq0() + 1, 0, 10), r.out);
+  CHECK(s.status().round_seconds.count() == 1);
+  CHECK(s.status().round_seconds.sum() == 0.0);
+  CHECK(s.status().grace_wait_seconds.count() == 0);
+  // 10 steps in 1 s: grace = 0.5 * 2 * 100 ms = 100 ms after the quorum.
+  r.clock.advance(1s);
+  Message second = r.contribution(1, p, 0.1f, Rig::seq0() + 2, 1, 10);
+  second.step = 20;
+  s.handle(second, r.out);
+  r.clock.advance(100ms);
+  s.tick(r.out);
+  REQUIRE(s.fragment(p).second == 2);
+  const SyncerStatus st = s.status();
+  CHECK(st.round_seconds.count() == 2);
+  CHECK(st.round_seconds.sum() == Approx(0.1));
+  CHECK(st.grace_waits() == 1);
+  CHECK(st.deadline_merges() == 0);
+  REQUIRE(st.grace_wait_seconds.count() == 1);
+  CHECK(st.grace_wait_seconds.sum() == Approx(0.1));
+  // 0.1 s falls in the bucket whose upper bound is 0.1 (Prometheus' le).
+  const auto& b = st.grace_wait_seconds.bounds();
+  const auto at = static_cast<std::size_t>(std::find(b.begin(), b.end(), 0.1) - b.begin());
+  REQUIRE(at < b.size());
+  CHECK(st.grace_wait_seconds.counts()[at] == 1);
+  CHECK(st.round_seconds.cumulative(st.round_seconds.bounds().size()) == 2);
+}
+
+TEST_CASE("A deadline merge is counted and its round time is the deadline", "[syncer]") {
+  Rig r;
+  Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, k_of(3));
+  for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
+  const auto p = r.fragment_of_w();
+  s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 1), r.out);
+  r.clock.advance(9s);
+  for (LearnerId id : {2u, 3u}) {  // kept alive: only the deadline (10 s) ends the round
+    Message hb;
+    hb.type = MessageType::heartbeat;
+    hb.fingerprint = r.plan.fingerprint();
+    hb.learner = id;
+    s.handle(hb, r.out);
+  }
+  s.tick(r.out);
+  r.clock.advance(1s);
+  s.tick(r.out);
+  const SyncerStatus st = s.status();
+  CHECK(st.merges == 1);
+  CHECK(st.deadline_merges() == 1);
+  CHECK(st.grace_waits() == 0);
+  CHECK(st.round_seconds.count() == 1);
+  CHECK(st.round_seconds.sum() == Approx(10.0));
+}
+
 TEST_CASE("Participation scaling applies k / alive of the merged outer gradient, all of it when everyone is in",
           "[syncer]") {
   Rig r;
@@ -1145,4 +1207,120 @@ TEST_CASE("Published fragments reuse a released buffer and never change while so
   ddiloco::Payload longer = pool->publish(0, std::vector<float>{1, 2, 3, 4});  // size differs: fresh
   CHECK(longer->size() == 4);
   CHECK(*third == c);
+}
+
+// ---- refusals and observers ---------------------------------------------------
+
+TEST_CASE("A join with another plan or schedule is answered with a join_refused naming the syncer's values",
+          "[syncer][refusal]") {
+  Rig r;
+  r.config.sync_every = 24;
+  r.config.quorum.overlap = 2;
+  Syncer<> s(r.plan, r.init, r.clock, r.config);
+  Message join;
+  join.type = MessageType::join;
+  join.fingerprint = r.plan.fingerprint() ^ 0xff;
+  join.learner = 3;
+  join.sequence = 77;
+  s.handle(join, r.out);
+  REQUIRE(r.out.size() == 1);
+  const Message& no = r.out[0].message;
+  CHECK(r.out[0].to == 3);
+  CHECK(no.type == MessageType::join_refused);
+  CHECK(static_cast<JoinRefusal>(no.fragment) == JoinRefusal::foreign_plan);
+  CHECK(no.fingerprint == r.plan.fingerprint());
+  CHECK(no.version == 2);  // fragments
+  CHECK(no.step == 6);     // parameters
+  CHECK(no.steps == 24);
+  CHECK(no.tokens == 2);
+  CHECK(no.sequence == 77);  // the refused join's nonce
+  // The right plan with another schedule.
+  r.out.clear();
+  join.fingerprint = r.plan.fingerprint();
+  join.steps = 12;
+  join.tokens = 2;
+  s.handle(join, r.out);
+  REQUIRE(r.out.size() == 1);
+  CHECK(static_cast<JoinRefusal>(r.out[0].message.fragment) == JoinRefusal::schedule);
+  // A join that states no schedule (steps = 0) is taken, as is the right one.
+  r.out.clear();
+  join.steps = 0;
+  join.tokens = 0;
+  s.handle(join, r.out);
+  CHECK(r.count(MessageType::full_state) == 2);
+  const auto st = s.status();
+  CHECK(st.joins_refused == 2);
+  CHECK(st.learners_known == 1);
+  CHECK(st.rejected[static_cast<std::size_t>(RejectReason::foreign_plan)] == 1);
+  const auto log = s.take_refusals();
+  REQUIRE(log.size() == 2);
+  CHECK_THAT(log[0].line(), Catch::Contains("refused join from learner 3: plan fingerprint " +
+                                            detail::hex16(r.plan.fingerprint() ^ 0xff)));
+  CHECK_THAT(log[1].line(), Catch::Contains("schedule H = 12, tau = 2 differs from ours H = 24, tau = 2"));
+  CHECK(s.take_refusals().empty());
+}
+
+TEST_CASE("An observer gets the global state, is rate limited per id and in total, and is never a learner",
+          "[syncer][observer]") {
+  Rig r;
+  r.config.observe_interval = 1s;
+  r.config.observe_burst = 2;
+  Syncer<> s(r.plan, r.init, r.clock, r.config);
+  auto observe = [&](LearnerId id, std::uint64_t fingerprint) {
+    Message m;
+    m.type = MessageType::observe;
+    m.fingerprint = fingerprint;
+    m.learner = id;
+    m.sequence = 1000 + id;
+    r.out.clear();
+    s.handle(m, r.out);
+    return r.out;
+  };
+  const Outbox first = observe(50, 0);  // fingerprint 0: any plan
+  REQUIRE(first.size() == 2);
+  for (const auto& o : first) {
+    CHECK(o.to == 50);
+    CHECK(o.message.type == MessageType::full_state);
+    CHECK(o.message.sequence == 1050);
+    CHECK(o.message.step == 2);  // the fragment count
+    CHECK(o.message.fingerprint == r.plan.fingerprint());
+    CHECK(*o.message.payload == std::vector<float>(r.plan.fragments()[o.message.fragment].numel, 1.0f));
+  }
+  CHECK(observe(50, r.plan.fingerprint()).empty());  // same id inside the interval: dropped
+  CHECK(observe(51, r.plan.fingerprint()).size() == 2);
+  CHECK(observe(52, r.plan.fingerprint()).empty());  // the burst (2 per interval) is spent
+  CHECK(observe(53, r.plan.fingerprint() ^ 1).size() == 1);  // another plan: refused, not rate limited
+  CHECK(r.out[0].message.type == MessageType::join_refused);
+  r.clock.advance(1s);
+  CHECK(observe(50, r.plan.fingerprint()).size() == 2);  // a new interval
+  const auto st = s.status();
+  CHECK(st.observes == 3);
+  CHECK(st.observes_limited == 2);
+  CHECK(st.observes_refused == 1);
+  CHECK(st.learners_known == 0);
+  CHECK(st.learners_alive == 0);
+  CHECK(st.joins == 0);
+}
+
+TEST_CASE("Refusal records are rate limited and say how many were left out", "[syncer][refusal]") {
+  Rig r;
+  r.config.refusal_log_burst = 2;
+  r.config.refusal_log_interval = 10s;
+  Syncer<> s(r.plan, r.init, r.clock, r.config);
+  Message join;
+  join.type = MessageType::join;
+  join.fingerprint = r.plan.fingerprint() + 1;
+  for (LearnerId id = 0; id < 5; ++id) {
+    join.learner = id;
+    s.handle(join, r.out);
+  }
+  CHECK(s.take_refusals().size() == 2);
+  r.clock.advance(10s);
+  join.learner = 9;
+  s.handle(join, r.out);
+  const auto later = s.take_refusals();
+  REQUIRE(later.size() == 1);
+  CHECK(later[0].suppressed == 3);
+  CHECK_THAT(later[0].line(), Catch::Contains("3 earlier refusals not logged"));
+  CHECK(s.status().joins_refused == 6);
 }

@@ -15,15 +15,16 @@
 // Per fragment p the learner keeps a base (the values its next outer gradient
 // is measured from), the version of the last global it applied, the newest
 // global received, and counters since the last send or receipt
-// (algorithm.md 3). At each inner step t:
+// (docs/algorithm.md, "Round timeline"). At each inner step t:
 //   1. drain the transport without blocking, keeping the newest global per fragment;
 //   2. if p is due at t (Schedule): send v = base_p - theta_p with the counters,
 //      then base_p <- theta_p and counters reset: each unit of local progress
-//      is sent exactly once, even when a global is lost or late (algorithm.md 6);
+//      is sent exactly once, even when a global is lost or late
+//      (docs/algorithm.md, "Decisions");
 //   3. for each fragment sent at step s with t >= s + tau whose newer global has
 //      arrived: theta_p <- alpha * theta_p + (1 - alpha) * Theta_p, base_p <- Theta_p,
-//      counters reset (algorithm.md 4.6). If it has not arrived, it is applied on
-//      arrival (non-blocking), or, in lock-step mode, step() waits for it
+//      counters reset (docs/algorithm.md, "Round timeline", step 7). If it has
+//      not arrived, it is applied on arrival (non-blocking), or, in lock-step mode, step() waits for it
 //      (Streaming DiLoCo) for at most `lock_step_timeout`.
 // Host copies are made only of the fragment being sent or applied.
 #pragma once
@@ -44,6 +45,7 @@
 #include <ddiloco/error.hpp>
 #include <ddiloco/fast/kernels.hpp>
 #include <ddiloco/fragmenter.hpp>
+#include <ddiloco/histogram.hpp>
 #include <ddiloco/message.hpp>
 #include <ddiloco/schedule.hpp>
 #include <ddiloco/tensor.hpp>
@@ -68,6 +70,9 @@ struct StepReport {
   bool waited = false;              ///< lock-step: this step waited for a global
 };
 
+/// Bucket bounds of OuterLoopStatus::staleness_versions and apply_delay_steps.
+inline std::vector<double> staleness_bounds() { return {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128}; }
+
 struct OuterLoopStatus {
   std::uint64_t step = 0;
   std::uint64_t tokens = 0;
@@ -81,6 +86,14 @@ struct OuterLoopStatus {
   std::uint64_t lock_step_waits = 0;
   std::uint64_t lock_step_timeouts = 0;
   std::uint64_t bytes_sent = 0;
+  /// Per apply after a send: versions the fragment's global moved between the
+  /// base the sent outer gradient was computed from and the global applied
+  /// (1 = only the merge holding this learner's contribution; more = merges of
+  /// others' contributions this learner's base had not seen).
+  Histogram staleness_versions{staleness_bounds()};
+  /// Per apply after a send: inner steps from the send to the apply (tau when
+  /// the global arrived in time; more when it arrived late).
+  Histogram apply_delay_steps{staleness_bounds()};
 };
 
 namespace detail {
@@ -117,13 +130,21 @@ class OuterLoop {
     while (!poll_join(params)) {
       check_transport();
       auto m = transport_->receive_until(std::min(deadline, join_sent_ + config_.join_retry));
+      if constexpr (DiagnosingTransport<Transport>) {
+        // A link that cannot work (refused key, mismatched security) is said at
+        // once: waiting out the time-out would not change it.
+        if (auto why = transport_->link_failure())
+          throw TransportError(detail::msg("OuterLoop::join: learner ", config_.id, " cannot join: ", *why));
+      }
       if (m) {
         on_message(std::move(*m));
       } else if (transport_->clock().now() >= deadline) {
+        std::string seen = "is the syncer running and reachable?";
+        if constexpr (DiagnosingTransport<Transport>) seen = transport_->link_summary();
         throw TransportError(detail::msg("OuterLoop::join: learner ", config_.id, " received ", join_received_,
                                          " of ", frags_.size(), " fragments of the global state within ",
-                                         std::chrono::duration<double>(config_.join_timeout).count(),
-                                         " s; is the syncer running and reachable?"));
+                                         std::chrono::duration<double>(config_.join_timeout).count(), " s; ",
+                                         seen));
       }
     }
   }
@@ -140,7 +161,7 @@ class OuterLoop {
     join_sequence_.reset();
     join_received_ = 0;
     pending_.clear();
-    for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false};
+    for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false, {}, 0};
     send_join();
   }
 
@@ -230,6 +251,30 @@ class OuterLoop {
   [[nodiscard]] const OuterLoopConfig& config() const noexcept { return config_; }
   [[nodiscard]] std::uint64_t base_version(std::size_t p) const { return frags_.at(p).base_version; }
 
+  /// The learner's view of the global model: the newest global this learner
+  /// received for fragment p (applied already or due later; the join's state
+  /// before any merge), in fragment order (Plan::offset_in_fragment), and its
+  /// version. Read-only; empty before join() has received fragment p.
+  [[nodiscard]] std::span<const float> global_fragment(std::size_t p) const {
+    const auto& g = frags_.at(p).global;
+    return g ? std::span<const float>(*g) : std::span<const float>();
+  }
+  [[nodiscard]] std::uint64_t global_version(std::size_t p) const { return frags_.at(p).global_version; }
+
+  /// Writes that global model into `out` (tensors in plan order, sized as the
+  /// plan says), e.g. to evaluate it next to the local parameters. Throws
+  /// StateError before join().
+  void read_global(std::span<T> out) const {
+    if (!joined_) throw StateError("OuterLoop::read_global() called before join(); call join(params) first");
+    check_params(out, {});
+    const auto& specs = plan_->tensors();
+    for (std::size_t p = 0; p < frags_.size(); ++p) {
+      const std::vector<float>& theta = *frags_[p].global;
+      for (std::size_t t : plan_->fragments()[p].tensors)
+        write_tensor(out[t], std::span<const float>(theta.data() + plan_->offset_in_fragment(t), specs[t].numel));
+    }
+  }
+
  private:
   struct FragmentState {
     std::vector<float> base;
@@ -240,6 +285,8 @@ class OuterLoop {
     std::uint64_t steps_at_reset = 0;
     std::uint64_t tokens_at_reset = 0;
     bool received = false;
+    Payload global;  ///< newest global received (global_fragment()), shared with `latest`: no copy
+    std::uint64_t global_version = 0;
 
     [[nodiscard]] bool has_newer() const noexcept { return latest && latest_version > base_version; }
   };
@@ -301,6 +348,8 @@ class OuterLoop {
     join_sent_ = transport_->clock().now();
     Message m = header(MessageType::join);
     m.sequence = join_nonce_;
+    m.steps = static_cast<std::int64_t>(config_.sync_every);  // the schedule, checked by a syncer that knows it
+    m.tokens = static_cast<std::int64_t>(config_.overlap);
     send(std::move(m));
   }
 
@@ -316,6 +365,8 @@ class OuterLoop {
 
   void on_message(Message&& m) {
     ++status_.received;
+    if (m.type == MessageType::join_refused && !joined_ && m.learner == config_.id && m.sequence == join_nonce_)
+      throw ProtocolError(refusal_text(m));
     const bool global = m.type == MessageType::global_fragment || m.type == MessageType::full_state;
     if (!global || m.fingerprint != plan_->fingerprint() || m.learner != config_.id || m.fragment >= frags_.size() ||
         !m.payload || m.payload->size() != frags_[m.fragment].base.size()) {
@@ -338,6 +389,8 @@ class OuterLoop {
       f.latest = std::move(m.payload);
       f.latest_version = m.version;
       f.base_version = 0;
+      f.global = f.latest;
+      f.global_version = m.version;
       return;
     }
     if (f.latest && m.version <= f.latest_version) {
@@ -350,6 +403,31 @@ class OuterLoop {
     }
     f.latest = std::move(m.payload);
     f.latest_version = m.version;
+    f.global = f.latest;
+    f.global_version = m.version;
+  }
+
+  /// The message of a refused join: what the syncer has, what this learner has, the fix.
+  std::string refusal_text(const Message& m) const {
+    const auto theirs = static_cast<JoinRefusal>(m.fragment);
+    if (theirs == JoinRefusal::identity) {
+      return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id,
+                         ": this learner's key is on the syncer's allow-list for learner id ", m.version, ", not ",
+                         config_.id, "; run with --id ", m.version, " or give learner ", config_.id,
+                         " its own key and allow-list line");
+    }
+    if (theirs == JoinRefusal::schedule) {
+      return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id, ": it runs H = ", m.steps,
+                         " (sync every), tau = ", m.tokens, " (overlap) but this learner runs H = ",
+                         config_.sync_every, ", tau = ", config_.overlap,
+                         "; start the learner with the syncer's --sync-every and --overlap");
+    }
+    return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id, ": its plan (fingerprint ",
+                       detail::hex16(m.fingerprint), ", ", m.version, " fragments, ", m.step,
+                       " parameters) differs from this learner's (fingerprint ", detail::hex16(plan_->fingerprint()),
+                       ", ", plan_->num_fragments(), " fragments, ", plan_->total_numel(),
+                       " parameters); start every process with the same model (tensor list, sizes, order), "
+                       "and fragment count (--fragments)");
   }
 
   /// Applies every pending fragment whose time has come and whose result is here.
@@ -369,6 +447,9 @@ class OuterLoop {
       }
       if (f.has_newer()) {
         if (step_ > due) ++status_.late_applies;
+        status_.apply_delay_steps.observe(static_cast<double>(step_ - *f.sent_at));
+        status_.staleness_versions.observe(
+            static_cast<double>(f.latest_version > f.base_version ? f.latest_version - f.base_version : 0));
         apply(p, params, /*mix=*/true);
         ++applied;
         pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -466,7 +547,7 @@ class OuterLoop {
     const auto& f = frags_[p];
     const auto& specs = plan_->tensors();
     std::vector<float> v(f.base.size());
-    // One pass per tensor (issue 6): local_ <- theta (the next base) and
+    // One pass per tensor (no extra copy): local_ <- theta (the next base) and
     // v <- base - theta together; a host tensor is read in place (step()
     // checked its size), a staged (device) tensor is first copied to the host
     // by its trait.

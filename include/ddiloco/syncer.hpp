@@ -1,4 +1,5 @@
-// ddiloco/syncer.hpp: the syncer's state machine (algorithm.md 2, 3, 6).
+// ddiloco/syncer.hpp: the syncer's state machine (docs/algorithm.md, "Roles",
+// "Round timeline", "Decisions").
 //
 // What it is: everything the syncer knows and decides: the global fragments,
 // the outer optimizer's state, a version per fragment, membership, the open
@@ -16,7 +17,7 @@
 // fast::RadialDirectional of fast/merge.hpp), of the outer step
 // (outer_optimizer.hpp) or of waiting (quorum.hpp); those are policies.
 //
-// Round of fragment p (algorithm.md 3):
+// Round of fragment p (docs/algorithm.md, "Round timeline", steps 4-6):
 //   1. contributions arrive; each valid one is added to p's accumulator with
 //      weight w = WeightRule(c_steps, c_tokens) (token weights by default);
 //      handle_batch() adds a batch's accepted contributions of p together
@@ -41,6 +42,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,12 +51,14 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <ddiloco/clock.hpp>
 #include <ddiloco/error.hpp>
 #include <ddiloco/fast/merge.hpp>
 #include <ddiloco/fragmenter.hpp>
+#include <ddiloco/histogram.hpp>
 #include <ddiloco/merge.hpp>
 #include <ddiloco/merge_weights.hpp>
 #include <ddiloco/message.hpp>
@@ -100,7 +104,8 @@ enum class MergeRecipients : std::uint8_t {
   /// after it sent (what it waits for); a stale contribution is answered with
   /// the global on rejection either way. Cuts the down-link by about alive / K:
   /// at K = 1 with M out-of-phase learners, `alive` sends M full fragments per
-  /// contribution, which saturated 50-100 Mbit/s links (issue 8).
+  /// contribution, which saturated 50-100 Mbit/s links
+  /// (docs/wan.md).
   /// The price: a learner applies the global of its own merge and no longer
   /// hears merges made after it (until its next contribution's merge), so its
   /// base lags by those merges. Out of phase this is at most the merges of tau
@@ -120,11 +125,11 @@ constexpr std::string_view to_string(MergeRecipients r) noexcept {
 }
 
 struct SyncerConfig {
-  /// K, tau, gamma, cap, deadline of the wait policy (algorithm.md 4.5).
+  /// K, tau, gamma, cap, deadline of the wait policy (docs/algorithm.md, "Quorum and grace window").
   QuorumConfig quorum{};
   /// A contribution whose base version is more than this many versions behind
   /// the fragment's current version is rejected and answered with the current
-  /// fragment (algorithm.md 6).
+  /// fragment (docs/algorithm.md, "Validation and staleness").
   std::uint64_t max_staleness = 8;
   /// A learner not heard from for this long is declared dead (not counted as
   /// alive by the quorum; it comes back with its next valid message).
@@ -135,8 +140,8 @@ struct SyncerConfig {
   std::size_t norm_warmup = 4;
   /// Scale each merged outer gradient by k / alive, the share of the live
   /// learners it holds (a project decision; the paper is silent). Learners
-  /// send only their own progress (algorithm.md 6), so when K = 1 and
-  /// learners run out of phase, every merge holds one learner's progress and,
+  /// send only their own progress (docs/algorithm.md, "Participation
+  /// scaling"), so when K = 1 and learners run out of phase, every merge holds one learner's progress and,
   /// unscaled, the global would take M full outer steps per round where
   /// synchronous DiLoCo takes one step of the average: measured on the
   /// reference model over ZeroMQ with 2 learners (mean quorum 1.02), the
@@ -146,6 +151,21 @@ struct SyncerConfig {
   bool participation_scaling = true;
   /// Who gets a fragment's new global after a merge (see MergeRecipients).
   MergeRecipients send_merged_to = MergeRecipients::alive;
+  /// H the learners must use. When > 0, a join that states another schedule
+  /// (H, or tau other than quorum.overlap) is refused with JoinRefusal::schedule;
+  /// a join that states none (a learner predating the check) is taken. 0: not checked.
+  std::size_t sync_every = 0;
+  /// Observers (MessageType::observe): each id is answered at most once per
+  /// `observe_interval`, and all ids together at most `observe_burst` times
+  /// per interval; other requests are dropped and counted (observes_limited).
+  /// Each answer is the whole global state, so this bounds what observers cost.
+  Duration observe_interval = std::chrono::seconds(1);
+  std::size_t observe_burst = 4;
+  /// Refused joins and observes are recorded for the operator (take_refusals)
+  /// at most `refusal_log_burst` times per `refusal_log_interval`; the rest are
+  /// counted in the next record's `suppressed`, so a flood cannot fill the log.
+  Duration refusal_log_interval = std::chrono::seconds(10);
+  std::size_t refusal_log_burst = 8;
 };
 
 /// Validates a SyncerConfig; throws InvalidArgument naming the bad field.
@@ -162,7 +182,43 @@ inline void validate(const SyncerConfig& c) {
   if (c.send_merged_to != MergeRecipients::alive && c.send_merged_to != MergeRecipients::contributors)
     throw InvalidArgument(detail::msg("SyncerConfig::send_merged_to = ", static_cast<int>(c.send_merged_to),
                                       " is not a MergeRecipients value; use alive or contributors"));
+  if (c.observe_interval <= Duration{0} || c.observe_burst == 0)
+    throw InvalidArgument(detail::msg("SyncerConfig: observe_interval = ", c.observe_interval.count(),
+                                      " ns and observe_burst = ", c.observe_burst,
+                                      " must be > 0 (defaults 1 s and 4)"));
+  if (c.refusal_log_interval <= Duration{0})
+    throw InvalidArgument("SyncerConfig::refusal_log_interval must be > 0 (default 10 s)");
 }
+
+/// A join or observe request the syncer refused, for the operator's log
+/// (Syncer::take_refusals): the request's values ("theirs") and the syncer's.
+struct RefusedRequest {
+  MessageType type = MessageType::join;  ///< join or observe
+  LearnerId learner = 0;
+  JoinRefusal reason = JoinRefusal::foreign_plan;
+  std::uint64_t fingerprint = 0;      ///< the request's plan fingerprint
+  std::uint64_t sync_every = 0;       ///< the request's H (0: not stated)
+  std::uint64_t overlap = 0;          ///< the request's tau
+  std::uint64_t our_fingerprint = 0;  ///< the syncer's
+  std::uint64_t our_sync_every = 0;
+  std::uint64_t our_overlap = 0;
+  std::uint64_t suppressed = 0;  ///< refusals not recorded (rate limit) just before this one
+
+  /// One line for a log, e.g. "refused join from learner 3: plan fingerprint
+  /// 00ab... differs from ours 00cd... (another model or --fragments)".
+  [[nodiscard]] std::string line() const {
+    const std::string why =
+        reason == JoinRefusal::foreign_plan
+            ? detail::msg("plan fingerprint ", detail::hex16(fingerprint), " differs from ours ",
+                          detail::hex16(our_fingerprint), " (another model, tensor list or fragment count)")
+            : detail::msg("schedule H = ", sync_every, ", tau = ", overlap, " differs from ours H = ",
+                          our_sync_every, ", tau = ", our_overlap);
+    return detail::msg("refused ", to_string(type), " from learner ", learner, ": ", why,
+                       suppressed != 0 ? detail::msg("; ", suppressed, " earlier refusals not logged (rate limit)")
+                                       : std::string());
+  }
+};
+
 
 /// A message the syncer wants delivered.
 struct Outgoing {
@@ -183,6 +239,15 @@ struct FragmentStatus {
   bool operator==(const FragmentStatus&) const = default;
 };
 
+/// Bucket bounds of SyncerStatus::round_seconds: 5 ms to 2 min.
+inline std::vector<double> round_seconds_bounds() {
+  return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+}
+/// Bucket bounds of SyncerStatus::grace_wait_seconds: 1 ms to 5 s (the grace cap is about one inner step).
+inline std::vector<double> grace_wait_seconds_bounds() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+}
+
 struct SyncerStatus {
   std::size_t learners_known = 0;
   std::size_t learners_alive = 0;
@@ -197,6 +262,28 @@ struct SyncerStatus {
   std::vector<FragmentStatus> fragments;
   /// Histogram: quorum_sizes[k] = number of merges that combined k contributions.
   std::vector<std::uint64_t> quorum_sizes;
+  std::uint64_t joins_refused = 0;     ///< joins answered with join_refused (another plan or schedule)
+  std::uint64_t observes = 0;          ///< observe requests answered with the global state
+  std::uint64_t observes_limited = 0;  ///< observe requests dropped by the rate limit
+  std::uint64_t observes_refused = 0;  ///< observe requests answered with join_refused (another plan)
+  /// Per merge: seconds from its round's first accepted contribution to the
+  /// merged fragment being published (queued for the learners). Since this
+  /// Syncer was constructed (not checkpointed), summed over fragments.
+  Histogram round_seconds{round_seconds_bounds()};
+  /// Per merge that waited for a grace window (FragmentStatus::grace_waits):
+  /// seconds from the quorum forming to the merge. Not checkpointed.
+  Histogram grace_wait_seconds{grace_wait_seconds_bounds()};
+  /// Merges that waited for a grace window / were forced by the deadline, over all fragments.
+  [[nodiscard]] std::uint64_t grace_waits() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& f : fragments) n += f.grace_waits;
+    return n;
+  }
+  [[nodiscard]] std::uint64_t deadline_merges() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& f : fragments) n += f.deadline_merges;
+    return n;
+  }
 
   [[nodiscard]] std::uint64_t rejected_total() const noexcept {
     std::uint64_t n = 0;
@@ -419,14 +506,22 @@ class Syncer {
   void handle(const Message& m, Outbox& out) {
     const TimePoint now = clock_->now();
     count_in(m);
+    if (m.type == MessageType::join || m.type == MessageType::observe) {
+      // A request that does not fit this run is answered with the reason, so
+      // the requester can say what is wrong instead of timing out.
+      if (const auto why = refusal_for(m)) return refuse(m, *why, now, out);
+      return m.type == MessageType::join ? on_join(m, now, out) : on_observe(m, now, out);
+    }
     if (m.fingerprint != plan_.fingerprint()) return reject(RejectReason::foreign_plan);
     switch (m.type) {
-      case MessageType::join: return on_join(m, now, out);
       case MessageType::leave: return on_leave(m);
       case MessageType::heartbeat: return on_heartbeat(m, now);
       case MessageType::contribution: return on_contribution(m, now, out);
+      case MessageType::join:
+      case MessageType::observe:
       case MessageType::full_state:
-      case MessageType::global_fragment: return reject(RejectReason::unexpected_type);
+      case MessageType::global_fragment:
+      case MessageType::join_refused: return reject(RejectReason::unexpected_type);
     }
     reject(RejectReason::unexpected_type);
   }
@@ -558,12 +653,24 @@ class Syncer {
       if (s.quorum_sizes.size() < f.quorum_sizes.size()) s.quorum_sizes.resize(f.quorum_sizes.size());
       for (std::size_t k = 0; k < f.quorum_sizes.size(); ++k) s.quorum_sizes[k] += f.quorum_sizes[k];
       s.contributions_accepted += f.accepted;
+      s.round_seconds += f.round_seconds;
+      s.grace_wait_seconds += f.grace_wait_seconds;
       s.rejected[static_cast<std::size_t>(RejectReason::duplicate)] += f.rejected_duplicate;
       s.rejected[static_cast<std::size_t>(RejectReason::stale)] += f.rejected_stale;
       s.rejected[static_cast<std::size_t>(RejectReason::future_version)] += f.rejected_future;
       s.rejected[static_cast<std::size_t>(RejectReason::norm_outlier)] += f.rejected_norm;
     }
     return s;
+  }
+
+  /// The refused joins and observes recorded since the last call (at most
+  /// SyncerConfig::refusal_log_burst per refusal_log_interval), oldest first,
+  /// for the operator's log: each names the learner id and what differs.
+  [[nodiscard]] std::vector<RefusedRequest> take_refusals() {
+    std::unique_lock lock(members_mutex_);
+    std::vector<RefusedRequest> out(refusals_.begin(), refusals_.end());
+    refusals_.clear();
+    return out;
   }
 
   /// Merges over all fragments so far (cheap: no lock).
@@ -758,6 +865,7 @@ class Syncer {
     std::vector<std::uint64_t> quorum_sizes;
     std::uint64_t accepted = 0, rejected_duplicate = 0, rejected_stale = 0, rejected_future = 0,
                   rejected_norm = 0;
+    Histogram round_seconds{round_seconds_bounds()}, grace_wait_seconds{grace_wait_seconds_bounds()};
   };
 
   // ---- plan order <-> fragment buffers ----------------------------------
@@ -807,6 +915,100 @@ class Syncer {
     m.version = f.version;
     m.payload = f.published;
     return m;
+  }
+
+  // ---- refusals and observers ----------------------------------------------
+  /// Why a join or observe request does not fit this run, if it does not. An
+  /// observe with fingerprint 0 takes whatever plan this syncer has.
+  std::optional<JoinRefusal> refusal_for(const Message& m) const {
+    if (m.fingerprint != plan_.fingerprint() && !(m.type == MessageType::observe && m.fingerprint == 0))
+      return JoinRefusal::foreign_plan;
+    if (m.type == MessageType::join && config_.sync_every != 0 && m.steps != 0 &&
+        (static_cast<std::uint64_t>(m.steps) != config_.sync_every ||
+         static_cast<std::uint64_t>(m.tokens) != config_.quorum.overlap))
+      return JoinRefusal::schedule;
+    return std::nullopt;
+  }
+
+  /// Answers a request with join_refused (our plan and schedule, so the other
+  /// side can name both), counts it and records it for the log, rate limited.
+  void refuse(const Message& m, JoinRefusal why, TimePoint now, Outbox& out) {
+    Message r;
+    r.type = MessageType::join_refused;
+    r.fingerprint = plan_.fingerprint();
+    r.learner = m.learner;
+    r.fragment = static_cast<std::uint32_t>(why);
+    r.version = plan_.num_fragments();
+    r.step = plan_.total_numel();
+    r.steps = static_cast<std::int64_t>(config_.sync_every);
+    r.tokens = config_.sync_every != 0 ? static_cast<std::int64_t>(config_.quorum.overlap) : 0;
+    r.sequence = m.sequence;
+    const std::size_t from = out.size();
+    out.push_back({m.learner, std::move(r)});
+    count_out(out, from);
+    std::unique_lock lock(members_mutex_);
+    if (why == JoinRefusal::foreign_plan) ++counters_.rejected[static_cast<std::size_t>(RejectReason::foreign_plan)];
+    ++(m.type == MessageType::join ? counters_.joins_refused : counters_.observes_refused);
+    if (!refusal_window_start_ || now - *refusal_window_start_ >= config_.refusal_log_interval) {
+      refusal_window_start_ = now;
+      refusal_window_count_ = 0;
+    }
+    // At most refusal_log_burst records per interval, and never more than 4
+    // intervals' worth waiting for take_refusals().
+    if (refusal_window_count_ >= config_.refusal_log_burst || refusals_.size() >= 4 * config_.refusal_log_burst) {
+      ++refusals_suppressed_;
+      return;
+    }
+    ++refusal_window_count_;
+    RefusedRequest rec;
+    rec.type = m.type;
+    rec.learner = m.learner;
+    rec.reason = why;
+    rec.fingerprint = m.fingerprint;
+    rec.sync_every = static_cast<std::uint64_t>(m.steps);
+    rec.overlap = static_cast<std::uint64_t>(m.tokens);
+    rec.our_fingerprint = plan_.fingerprint();
+    rec.our_sync_every = config_.sync_every;
+    rec.our_overlap = config_.quorum.overlap;
+    rec.suppressed = std::exchange(refusals_suppressed_, 0);
+    refusals_.push_back(rec);
+  }
+
+  /// An observer's request: the whole global state (one full_state per
+  /// fragment, `sequence` = the request's nonce, `step` = the fragment count),
+  /// rate limited (SyncerConfig::observe_interval / observe_burst). The
+  /// observer is not a learner: nothing about membership, quorum or liveness
+  /// changes.
+  void on_observe(const Message& m, TimePoint now, Outbox& out) {
+    {
+      std::unique_lock lock(members_mutex_);
+      if (!observe_window_start_ || now - *observe_window_start_ >= config_.observe_interval) {
+        observe_window_start_ = now;
+        observe_window_count_ = 0;
+      }
+      const auto last = observe_last_.find(m.learner);
+      if (observe_window_count_ >= config_.observe_burst ||
+          (last != observe_last_.end() && now - last->second < config_.observe_interval)) {
+        ++counters_.observes_limited;
+        return;
+      }
+      if (observe_last_.size() >= 1024) {  // ids that have not asked for an interval need no entry
+        std::erase_if(observe_last_, [&](const auto& kv) { return now - kv.second >= config_.observe_interval; });
+      }
+      observe_last_[m.learner] = now;
+      ++observe_window_count_;
+      ++counters_.observes;
+    }
+    const std::size_t from = out.size();
+    for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      auto& f = fragments_[p];
+      std::unique_lock lock(f.mutex);
+      Message reply = global_message(p, f, m.learner, MessageType::full_state);
+      reply.sequence = m.sequence;
+      reply.step = fragments_.size();
+      out.push_back({m.learner, std::move(reply)});
+    }
+    count_out(out, from);
   }
 
   // ---- membership ---------------------------------------------------------
@@ -1085,9 +1287,12 @@ class Syncer {
     ++f.status.merges;
     f.status.last_quorum_size = k;
     f.status.contributions_merged += k;
-    if (f.round.quorum_at && now > *f.round.quorum_at && d.reason.find("grace") != std::string_view::npos)
+    if (f.round.quorum_at && now > *f.round.quorum_at && d.reason.find("grace") != std::string_view::npos) {
       ++f.status.grace_waits;
+      f.grace_wait_seconds.observe(std::chrono::duration<double>(now - *f.round.quorum_at).count());
+    }
     if (d.reason.find("deadline") != std::string_view::npos) ++f.status.deadline_merges;
+    f.round_seconds.observe(std::chrono::duration<double>(std::max(Duration{0}, clock_->now() - f.round.start)).count());
     f.acc->reset();
     f.contributors.clear();
     f.round = RoundState{};
@@ -1129,6 +1334,14 @@ class Syncer {
   mutable std::mutex members_mutex_;
   std::map<LearnerId, LearnerInfo> learners_;
   SyncerStatus counters_{};
+  // Rate limits of refusals' records and of observers (under members_mutex_).
+  std::deque<RefusedRequest> refusals_;
+  std::uint64_t refusals_suppressed_ = 0;
+  std::optional<TimePoint> refusal_window_start_;
+  std::size_t refusal_window_count_ = 0;
+  std::map<LearnerId, TimePoint> observe_last_;
+  std::optional<TimePoint> observe_window_start_;
+  std::size_t observe_window_count_ = 0;
 };
 
 }  // namespace ddiloco
