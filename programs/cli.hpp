@@ -3,9 +3,12 @@
 // Flags are `--name value` or `--name=value`, booleans `--name`; a config file
 // (`--config FILE`) holds `name = value` lines with `#` comments, and flags on
 // the command line win. Every flag is declared with a default and a help
-// line, so `--help` documents all of them. Unknown flags and bad values are
-// errors that name the flag.
+// line, so `--help` documents all of them. `--version` prints the program's
+// name and the ddiloco version (<ddiloco/version.hpp>). Unknown flags and bad
+// values are errors that name the flag.
 #pragma once
+
+#include <ddiloco/version.hpp>
 
 #include <cstdlib>
 #include <fstream>
@@ -28,13 +31,17 @@ class Flags {
     values_[name] = default_value;
   }
 
-  /// Parses argv (and a --config file). Returns false after printing --help.
+  /// Parses argv (and a --config file). Returns false after printing --help or --version.
   bool parse(int argc, char** argv) {
     std::map<std::string, std::string> from_cli;
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
       if (a == "--help" || a == "-h") {
         print_help(std::cout);
+        return false;
+      }
+      if (a == "--version") {
+        std::cout << program_ << ' ' << DDILOCO_VERSION_STRING << '\n';
         return false;
       }
       if (a.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + a + "' (flags start with --)");
@@ -81,7 +88,8 @@ class Flags {
   }
 
   void print_help(std::ostream& os) const {
-    os << program_ << ": " << summary_ << "\n\nFlags (also `name = value` lines in --config FILE):\n";
+    os << program_ << " " << DDILOCO_VERSION_STRING << ": " << summary_
+       << "\n\nFlags (also `name = value` lines in --config FILE; --version prints the version):\n";
     for (const auto& n : order_) {
       const auto& s = specs_.at(n);
       os << "  --" << n << (s.boolean ? "" : " VALUE") << "\n      " << s.help << " (default: "

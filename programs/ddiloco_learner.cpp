@@ -4,20 +4,78 @@
 // It joins (receives the global state), trains its data shard with AdamW and
 // calls OuterLoop::step after every inner step; it never waits for the syncer.
 // Prints progress lines: step, train loss, validation loss of its local
-// parameters, tokens/s, sends/applies. `--help` lists every flag.
+// parameters (val) and of the global model as it last received it
+// (val-global), tokens/s, sends/applies. With --observe it trains nothing and
+// prints the validation loss of the global model it fetches from the syncer.
+// SIGTERM/SIGINT stop it after the current inner step: it leaves and exits 0.
+// `--metrics ADDR:PORT` serves Prometheus metrics (docs/metrics.md).
+// `--help` lists every flag.
 #include <ddiloco/fragmenter.hpp>
 #include <ddiloco/adapters/eigen.hpp>
 #include <ddiloco/outer_loop.hpp>
 #include <ddiloco/reference/char_lm.hpp>
 #include <ddiloco/transport/zmq.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <string>
+#include <thread>
 
 #include "cli.hpp"
+#include "metrics.hpp"
 
 using namespace ddiloco;
 namespace ref = ddiloco::reference;
+
+namespace {
+std::atomic<int> g_signal{0};
+// The first SIGTERM/SIGINT asks for a clean stop; a second one ends the process
+// at once (a lock-step wait for a syncer that is gone can last its time-out).
+extern "C" void on_signal(int sig) {
+  g_signal.store(sig);
+  std::signal(sig, SIG_DFL);
+}
+
+/// --observe: fetches the global state every --observe-every-ms and prints its
+/// validation loss; never trains, never counted as a learner by the syncer.
+int observe(const cli::Flags& f, const ZmqLearnerConfig& zc, const Plan& plan, ref::CharLm& scorer,
+            const auto& corpus, ref::Params params) {
+  SteadyClock clock;
+  ZmqObserver observer(zc, clock);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  const auto every = std::chrono::milliseconds(f.integer("observe-every-ms"));
+  const auto timeout = std::chrono::milliseconds(f.integer("join-timeout-ms"));
+  const std::size_t count = f.count("observe-count");
+  std::printf("observer %u: observing %s (plan %016llx)\n", zc.id, zc.connect.c_str(),
+              static_cast<unsigned long long>(plan.fingerprint()));
+  std::fflush(stdout);
+  for (std::size_t n = 1; (count == 0 || n <= count) && g_signal.load() == 0; ++n) {
+    const auto started = std::chrono::steady_clock::now();
+    const GlobalView view = observer.fetch(plan.fingerprint(), timeout);
+    const std::vector<float> flat = view.in_plan_order(plan);
+    std::size_t at = 0;
+    for (auto& t : params) {
+      std::copy_n(flat.data() + at, t.size(), t.data());
+      at += static_cast<std::size_t>(t.size());
+    }
+    std::string versions;
+    for (auto v : view.versions) {  // appended: GCC 12 -O3 misreports `"," + std::string` as -Wrestrict
+      if (!versions.empty()) versions += ',';
+      versions += std::to_string(v);
+    }
+    std::printf("observer %u: fetch %zu versions %s val-global %.4f\n", zc.id, n, versions.c_str(),
+                ref::evaluate(scorer, params, corpus.validation, f.count("eval-examples")));
+    std::fflush(stdout);
+    while (g_signal.load() == 0 && (count == 0 || n < count) && std::chrono::steady_clock::now() - started < every)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::printf("observer %u: done\n", zc.id);
+  return 0;
+}
+}  // namespace
 
 int main(int argc, char** argv) try {
   cli::Flags f("ddiloco_learner", "a Decoupled DiLoCo learner training the reference model over ZeroMQ");
@@ -42,7 +100,16 @@ int main(int argc, char** argv) try {
   f.add("lock-step-timeout-ms", "60000", "in lock-step mode, stop waiting for a result after this long");
   f.add("eval-every", "200", "print a progress line every this many steps");
   f.add("eval-examples", "2048", "validation examples per progress line");
+  f.add("observe", "false",
+        "observe instead of training: fetch the global model every --observe-every-ms and print its validation "
+        "loss (never counted as a learner; under CURVE its --id and key must be on the allow-list: give it an "
+        "id of its own)",
+        true);
+  f.add("observe-every-ms", "5000", "with --observe: time between two fetches of the global model");
+  f.add("observe-count", "0", "with --observe: stop after this many fetches (0: until SIGTERM/SIGINT)");
+  cli::add_metrics_flags(f);
   if (!f.parse(argc, argv)) return 0;
+  cli::check_metrics_flags(f, "ddiloco_learner");
 
   const auto corpus = ref::load_fortunes();
   ref::TrainerConfig tc;
@@ -65,6 +132,7 @@ int main(int argc, char** argv) try {
     zc.security.own = read_key_file(f.str("keys"));
     zc.security.server_public_key = read_key_file(f.str("server-key")).public_key;
   }
+  if (f.flag("observe")) return observe(f, zc, plan, scorer, corpus, trainer.params());
   ZmqLearnerTransport link(zc, clock);
   OuterLoopConfig oc;
   oc.id = zc.id;
@@ -74,25 +142,42 @@ int main(int argc, char** argv) try {
   oc.lock_step = f.flag("lock-step");
   oc.lock_step_timeout = std::chrono::milliseconds(f.integer("lock-step-timeout-ms"));
   OuterLoop<ZmqLearnerTransport, Eigen::MatrixXf> outer(plan, link, oc);
+  cli::LearnerMetricsFlag metrics(f, zc.id);  // serving from now on (steps 0 while joining)
+  metrics.update(outer.status(), link.counters());
   auto& params = trainer.params();
   std::printf("learner %u: joining %s (plan %016llx, %zu parameters)\n", zc.id, zc.connect.c_str(),
               static_cast<unsigned long long>(plan.fingerprint()), trainer.model().parameter_count());
   std::fflush(stdout);
   outer.join(params);
   std::printf("learner %u: joined\n", zc.id);
+  ref::Params global = params;  // the global model's view, for val-global
   const std::size_t steps = f.count("steps"), every = std::max<std::size_t>(1, f.count("eval-every"));
   const auto t0 = std::chrono::steady_clock::now();
   double loss_sum = 0;
+  // SIGTERM/SIGINT from here on: stop after the current step, leave, exit 0.
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
   for (std::size_t s = 1; s <= steps; ++s) {
+    if (g_signal.load() != 0) {
+      std::printf("learner %u: signal %d: stopping after step %zu\n", zc.id, g_signal.load(), s - 1);
+      break;
+    }
     const auto before = trainer.tokens();
     loss_sum += trainer.step();
     outer.step(params, static_cast<std::int64_t>(trainer.tokens() - before));
+    metrics.update(outer.status(), link.counters());
     if (s % every == 0 || s == steps) {
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const auto& st = outer.status();
-      std::printf("learner %u: step %zu train %.4f val %.4f tokens/s %.0f sends %llu applies %llu failed-sends %llu\n",
-                  zc.id, s, loss_sum / static_cast<double>(every),
-                  ref::evaluate(scorer, params, corpus.validation, f.count("eval-examples")),
+      // val: this learner's parameters; val-global: the global model as this
+      // learner last received it (every fragment's newest global).
+      outer.read_global(global);
+      const auto examples = f.count("eval-examples");
+      const double val = ref::evaluate(scorer, params, corpus.validation, examples);
+      const double val_global = ref::evaluate(scorer, global, corpus.validation, examples);
+      std::printf("learner %u: step %zu train %.4f val %.4f val-global %.4f tokens/s %.0f sends %llu applies %llu "
+                  "failed-sends %llu\n",
+                  zc.id, s, loss_sum / static_cast<double>(every), val, val_global,
                   static_cast<double>(trainer.tokens()) / secs, static_cast<unsigned long long>(st.sends),
                   static_cast<unsigned long long>(st.applies), static_cast<unsigned long long>(st.send_failures));
       std::fflush(stdout);

@@ -7,7 +7,12 @@
 //   ddiloco_sim timeseries [--hours H] [--seed S] [--chips N] [--bin SECONDS] [--out DIR]
 //   ddiloco_sim bandwidth  [--out DIR]                          1B/10B/100B tables and the headline
 //   ddiloco_sim plan MODEL.txt [--gbps G] [--latency S] [--step S] [--bits B] [--out DIR]
-//   ddiloco_sim all        [--out DIR]                          everything above (results/sim)
+//   ddiloco_sim all        [--out DIR] [--models DIR]           everything above (results/sim)
+//   ddiloco_sim --version
+//
+// `all` plans the model lists llama-1b, gemma-2b and moe-small: from --models DIR
+// if given, else from share/ddiloco/models next to the program's bin/ (where
+// `cmake --install` puts examples/models, and where the build tree keeps a copy).
 //
 // docs/simulator.md explains the models and every assumption.
 #include <ddiloco/sim/bandwidth.hpp>
@@ -15,6 +20,7 @@
 #include <ddiloco/sim/goodput.hpp>
 #include <ddiloco/sim/planner.hpp>
 #include <ddiloco/tensor_list.hpp>
+#include <ddiloco/version.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -328,15 +334,50 @@ int cmd_plan(const Args& a, const fs::path& out) {
   return 0;
 }
 
-int usage() {
-  std::cerr << "usage: ddiloco_sim goodput|calibrate|timeseries|bandwidth|all [--out DIR] [--hours H] [--seed S]\n"
-               "       ddiloco_sim plan MODEL.txt... [--gbps G] [--latency S] [--step S] [--bits B] [--out DIR]\n";
+int usage(std::ostream& os = std::cerr) {
+  os << "usage: ddiloco_sim goodput|calibrate|timeseries|bandwidth|all [--out DIR] [--hours H] [--seed S]\n"
+               "       ddiloco_sim plan MODEL.txt... [--gbps G] [--latency S] [--step S] [--bits B] [--out DIR]\n"
+               "       ddiloco_sim all [--out DIR] [--models DIR]    (DIR holds llama-1b.txt, gemma-2b.txt, moe-small.txt)\n"
+               "       ddiloco_sim --version\n";
   return 2;
+}
+
+/// Where `all` reads its model lists: --models DIR, else DDILOCO_MODELS_FROM_BIN
+/// (share/ddiloco/models relative to bin/) from this executable's directory.
+fs::path models_dir(const Args& a) {
+  static constexpr const char* kProbe = "llama-1b.txt";
+  if (const auto it = a.options.find("models"); it != a.options.end()) {
+    const fs::path dir = it->second;
+    if (!fs::exists(dir / kProbe)) {
+      throw ddiloco::InvalidArgument("--models " + it->second + ": no " + kProbe +
+                                     " there; give the folder with the model lists (examples/models in the "
+                                     "source tree, share/ddiloco/models in an install)");
+    }
+    return dir;
+  }
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  const fs::path dir = ec ? fs::path(DDILOCO_MODELS_FROM_BIN) : exe.parent_path() / DDILOCO_MODELS_FROM_BIN;
+  if (!fs::exists(dir / kProbe)) {
+    throw ddiloco::InvalidArgument("cannot find the model lists (" + std::string(kProbe) + ", ...) in " +
+                                   dir.lexically_normal().string() +
+                                   ", where an install puts them; pass --models DIR (examples/models in the "
+                                   "source tree)");
+  }
+  return dir;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--version") {
+    std::cout << "ddiloco_sim " << DDILOCO_VERSION_STRING << '\n';
+    return 0;
+  }
+  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    usage(std::cout);
+    return 0;
+  }
   try {
     const Args a = parse(argc, argv);
     const fs::path out = a.text("out", "results/sim");
@@ -346,6 +387,7 @@ int main(int argc, char** argv) {
     if (a.command == "bandwidth") return cmd_bandwidth(a, out);
     if (a.command == "plan") return cmd_plan(a, out);
     if (a.command == "all") {
+      const fs::path models = models_dir(a);  // before the long runs: a missing folder fails now
       cmd_calibrate(a, out);
       cmd_goodput(a, out);
       cmd_timeseries(a, out);
@@ -353,7 +395,6 @@ int main(int argc, char** argv) {
       Args p = a;
       if (!p.options.count("gbps")) p.options["gbps"] = "0.25";  // a thin cross-region link share
       if (!p.options.count("step")) p.options["step"] = "0.5";
-      const fs::path models = fs::path(DDILOCO_SOURCE_DIR) / "examples" / "models";
       for (const char* m : {"llama-1b.txt", "gemma-2b.txt", "moe-small.txt"}) p.positional.push_back((models / m).string());
       return cmd_plan(p, out);
     }

@@ -3,7 +3,8 @@
 // Binds a socket, serves any number of learners, merges with the quorum/grace
 // policy, checkpoints its whole state atomically on an interval and on
 // SIGTERM/SIGINT, resumes from the newest valid checkpoint, and prints a status
-// line periodically. `--help` lists every flag with its default.
+// line periodically; `--metrics ADDR:PORT` serves Prometheus metrics
+// (docs/metrics.md). `--help` lists every flag with its default.
 #include <ddiloco/checkpoint.hpp>
 #include <ddiloco/fragmenter.hpp>
 #include <ddiloco/reference/char_lm.hpp>
@@ -12,6 +13,7 @@
 #include <ddiloco/tensor_list.hpp>
 #include <ddiloco/transport/zmq.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -21,6 +23,8 @@
 #include <thread>
 
 #include "cli.hpp"
+#include "model_flags.hpp"
+#include "metrics.hpp"
 
 using namespace ddiloco;
 namespace fs = std::filesystem;
@@ -30,18 +34,6 @@ namespace {
 std::atomic<int> g_signal{0};
 extern "C" void on_signal(int sig) { g_signal.store(sig); }
 
-std::vector<float> read_init(const std::string& path, std::size_t n) {
-  std::vector<float> v(n, 0.0f);
-  if (path.empty()) return v;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidArgument("--init: cannot read '" + path + "'");
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(float)));
-  if (in.gcount() != static_cast<std::streamsize>(n * sizeof(float)) || in.peek() != EOF)
-    throw ShapeMismatch(detail::msg("--init '", path, "' must hold exactly ", n, " little-endian fp32 values (",
-                                    n * 4, " bytes) in plan order"));
-  return v;
-}
-
 void write_status_file(const std::string& path, const SyncerStatus& s, const ZmqCounters& z) {
   if (path.empty()) return;
   const std::string tmp = path + ".tmp";
@@ -49,10 +41,12 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
     std::ofstream out(tmp, std::ios::trunc);
     out << "learners_alive=" << s.learners_alive << "\nlearners_known=" << s.learners_known << "\njoins=" << s.joins
         << "\nmerges=" << s.merges << "\naccepted=" << s.contributions_accepted << "\nrejected=" << s.rejected_total()
-        << "\n";
+        << "\njoins_refused=" << s.joins_refused << "\nobserves=" << s.observes
+        << "\nobserves_limited=" << s.observes_limited << "\n";
     for (std::size_t i = 0; i < kRejectReasons; ++i)
       out << "rejected_" << to_string(static_cast<RejectReason>(i)) << "=" << s.rejected[i] << "\n";
     out << "decode_errors=" << z.decode_errors << "\nauth_denied=" << z.auth_denied
+        << "\nhandshake_failures=" << z.handshake_failures
         << "\nimpersonations=" << z.impersonations << "\nbytes_in=" << z.bytes_in << "\nbytes_out=" << z.bytes_out
         << "\n";
   }
@@ -66,7 +60,8 @@ MergeRecipients parse_recipients(const std::string& s) {
 }
 
 template <class Rule, class Opt>
-int serve(const cli::Flags& f, Plan plan, std::vector<float> init, Rule rule, Opt opt) {
+int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::vector<CheckpointTensor>& tensors,
+          const std::string& zero_init, Rule rule, Opt opt) {
   SteadyClock clock;
   SyncerConfig sc;
   sc.quorum.min_quorum = f.count("quorum");
@@ -78,27 +73,36 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, Rule rule, Op
   sc.max_staleness = f.count("max-staleness");
   sc.heartbeat_timeout = std::chrono::milliseconds(f.integer("heartbeat-timeout-ms"));
   sc.send_merged_to = parse_recipients(f.str("send-merged-to"));
-  Syncer<Rule, Opt> syncer(plan, init, clock, sc, rule, opt);
-
+  sc.sync_every = f.count("sync-every");  // a learner with another H or tau is refused, with both named
+  sc.observe_interval = std::chrono::milliseconds(f.integer("observe-interval-ms"));
+  sc.observe_burst = f.count("observe-burst");
+  // The newest valid checkpoint is read before the syncer allocates its state,
+  // so a refused start (all-zero parameters and nothing to resume) costs nothing.
   const std::string ckdir = f.str("checkpoint-dir");
   std::uint64_t serial = 0;
+  std::optional<LoadedCheckpoint> loaded;
   if (!ckdir.empty()) {
     fs::create_directories(ckdir);
     std::vector<CheckpointProblem> skipped;
-    auto loaded = load_newest_valid(ckdir, skipped);
+    loaded = load_newest_valid(ckdir, skipped);
     for (const auto& p : skipped)
       std::printf("syncer: skipped damaged checkpoint %s: %s\n", p.path.string().c_str(), p.reason.c_str());
-    if (loaded) {
-      // A crash may have lost merges that learners already applied: start a
-      // new version epoch so that every learner is answered and rebases.
-      advance_epoch(loaded->snapshot);
-      syncer.restore(loaded->snapshot);
-      serial = loaded->serial;
-      std::printf("syncer: resumed from %s (serial %llu)\n", loaded->path.string().c_str(),
-                  static_cast<unsigned long long>(serial));
-    } else {
-      std::printf("syncer: no valid checkpoint in %s, starting fresh\n", ckdir.c_str());
-    }
+    if (!loaded && !zero_init.empty())
+      throw InvalidArgument(zero_init + " (no valid checkpoint in " + ckdir + " to resume from)");
+  } else if (!zero_init.empty()) {
+    throw InvalidArgument(zero_init);
+  }
+  Syncer<Rule, Opt> syncer(plan, init, clock, sc, rule, opt);
+  if (loaded) {
+    // A crash may have lost merges that learners already applied: start a
+    // new version epoch so that every learner is answered and rebases.
+    advance_epoch(loaded->snapshot);
+    syncer.restore(loaded->snapshot);
+    serial = loaded->serial;
+    std::printf("syncer: resumed from %s (serial %llu)\n", loaded->path.string().c_str(),
+                static_cast<unsigned long long>(serial));
+  } else if (!ckdir.empty()) {
+    std::printf("syncer: no valid checkpoint in %s, starting fresh\n", ckdir.c_str());
   }
 
   ZmqSyncerConfig zc;
@@ -138,21 +142,35 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, Rule rule, Op
     write_status_file(f.str("status-file"), s, z);
   };
   SyncerRuntime runtime(syncer, link, rc);
+  // After the syncer, the transport and the runtime: it stops serving first.
+  // Its counters start from the restored totals (they count this process).
+  cli::SyncerMetricsFlag metrics(f, sc.quorum.min_quorum, !ckdir.empty());
+  metrics.baseline(syncer.status());
   runtime.start();
+  metrics.serve(syncer, link);
 
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   const auto every = std::chrono::milliseconds(f.integer("checkpoint-every-ms"));
   auto checkpoint = [&] {
     if (ckdir.empty()) return;
-    const auto path = write_checkpoint(ckdir, syncer.snapshot(), ++serial);
+    const auto path = write_checkpoint(ckdir, syncer.snapshot(), ++serial, {}, tensors);
+    metrics.checkpoint_written();
     std::printf("syncer: checkpoint %s\n", path.string().c_str());
+    std::fflush(stdout);
+  };
+  // Refused connections and joins, as the transport and the syncer recorded
+  // them (each rate limited: a flood is counted, not logged line by line).
+  auto log_refusals = [&] {
+    for (const auto& r : link.take_refusals()) std::printf("syncer: %s\n", r.line().c_str());
+    for (const auto& r : syncer.take_refusals()) std::printf("syncer: %s\n", r.line().c_str());
     std::fflush(stdout);
   };
   auto next = std::chrono::steady_clock::now() + every;
   while (g_signal.load() == 0) {
     // The loop wakes every 50 ms to notice a signal; checkpoints follow the interval.
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    log_refusals();
     if (std::chrono::steady_clock::now() >= next) {
       checkpoint();
       next = std::chrono::steady_clock::now() + every;
@@ -160,6 +178,7 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, Rule rule, Op
   }
   std::printf("syncer: signal %d: stopping\n", g_signal.load());
   runtime.stop();
+  log_refusals();
   checkpoint();
   rc.on_status(syncer.status());
   return 0;
@@ -172,12 +191,15 @@ int main(int argc, char** argv) try {
   f.add("config", "", "file of `name = value` lines with any of these flags");
   f.add("bind", "tcp://127.0.0.1:5555", "ZeroMQ endpoint to bind (tcp://0.0.0.0:PORT to serve other hosts)");
   f.add("endpoint-file", "", "write the bound endpoint here (useful with port *)");
-  f.add("tensors", "", "the model's tensor list (name numel [embedding] per line); or use --reference-model");
-  f.add("reference-model", "false", "serve the reference character LM (tensors and seeded initial values)", true);
-  f.add("seed", "1", "initial-value seed of the reference model");
-  f.add("init", "", "initial parameters: raw little-endian fp32 in plan order (default: zeros)");
+  cli::add_model_flags(f);  // --tensors, --reference-model, --seed, --init, --embedding-pattern
+  f.add("allow-zero-init", "false",
+        "start from all-zero parameters when --init is not given (or holds only zeros); refused otherwise, "
+        "unless a valid checkpoint in --checkpoint-dir is resumed from",
+        true);
   f.add("fragments", "5", "P: number of fragments (whole tensors each; <= number of tensors)");
-  f.add("sync-every", "24", "H: inner steps between two syncs of a fragment (learners must use the same)");
+  f.add("sync-every", "24",
+        "H: inner steps between two syncs of a fragment (learners must use the same H and --overlap: a join "
+        "with another schedule is refused, naming both)");
   f.add("overlap", "2", "tau: steps between a send and the application of its result");
   f.add("quorum", "1", "K: minimum distinct contributions before a merge");
   f.add("grace-gamma", "0.3", "gamma: safety factor of the adaptive grace window (0 disables the window)");
@@ -202,41 +224,51 @@ int main(int argc, char** argv) try {
   f.add("keys", "", "syncer key file (from ddiloco_keygen)");
   f.add("allow", "", "allow-list file: `<learner-id> <public-key>` per line");
   f.add("plaintext", "false", "run WITHOUT encryption or authentication (explicit choice)", true);
+  f.add("observe-interval-ms", "1000",
+        "observers (ddiloco_learner --observe) get the global state at most once per this interval each");
+  f.add("observe-burst", "4", "... and all observers together at most this many times per interval");
   f.add("workers", "2", "merge worker threads");
   f.add("status-every-ms", "5000", "status line interval, milliseconds");
   f.add("status-file", "", "also write the latest status as key=value lines to this file");
+  cli::add_metrics_flags(f);
   if (!f.parse(argc, argv)) return 0;
+  cli::check_metrics_flags(f, "ddiloco_syncer");
 
-  std::vector<TensorSpec> specs;
-  std::vector<float> init;
-  if (f.flag("reference-model")) {
-    reference::TrainerConfig tc;
-    tc.seed = static_cast<std::uint64_t>(f.integer("seed"));
-    reference::CharLm model(tc.model);
-    specs = model.tensor_specs();
-    for (const auto& t : model.init(tc.seed))
-      init.insert(init.end(), t.data(), t.data() + t.size());
-  } else {
-    if (f.str("tensors").empty()) throw InvalidArgument("give --tensors FILE or --reference-model; see --help");
-    specs = read_tensor_list_file(f.str("tensors"));
-  }
-  Plan plan = make_plan(specs, f.count("fragments"));
-  if (init.empty()) init = read_init(f.str("init"), plan.total_numel());
+  cli::Model model = cli::model_from_flags(f, /*values=*/true);
+  Plan plan = make_plan(model.specs, f.count("fragments"));
+  std::vector<float> init = std::move(model.init);
+  if (init.empty()) init.assign(plan.total_numel(), 0.0f);
+  // All-zero parameters are almost always a forgotten --init (a model trained
+  // from zeros keeps its symmetric units identical): refused unless asked for,
+  // or unless a checkpoint replaces them (serve() decides once it has looked).
+  std::string zero_init;
+  if (std::all_of(init.begin(), init.end(), [](float v) { return v == 0.0f; }) && !f.flag("allow-zero-init"))
+    zero_init = f.str("init").empty()
+                    ? "no --init: the syncer would start from all-zero parameters; give the initial weights "
+                      "(--init model.safetensors, or --init FILE.f32 with --tensors), or pass --allow-zero-init "
+                      "to start from zeros on purpose"
+                    : "--init '" + f.str("init") + "' holds only zeros; give the model's real initial weights, "
+                      "or pass --allow-zero-init to start from zeros on purpose";
+  const std::vector<CheckpointTensor> tensors = checkpoint_tensors(plan, model.shapes);
+  std::printf("syncer: %zu tensors (%zu embeddings), %zu parameters from %s\n", plan.num_tensors(),
+              static_cast<std::size_t>(std::count_if(model.specs.begin(), model.specs.end(),
+                                                     [](const TensorSpec& t) { return t.embedding; })),
+              plan.total_numel(), model.source.c_str());
 
   const std::string merge = f.str("merge"), opt = f.str("outer-optimizer");
   const auto lr = static_cast<float>(f.num("outer-lr")), mu = static_cast<float>(f.num("outer-momentum"));
   if (merge != "rda" && merge != "average") throw InvalidArgument("--merge '" + merge + "': expected rda or average");
   if (opt == "nesterov") {
-    return merge == "rda" ? serve(f, plan, init, fast::RadialDirectional(), NesterovSGD(lr, mu))
-                          : serve(f, plan, init, WeightedAverage(), NesterovSGD(lr, mu));
+    return merge == "rda" ? serve(f, plan, init, tensors, zero_init, fast::RadialDirectional(), NesterovSGD(lr, mu))
+                          : serve(f, plan, init, tensors, zero_init, WeightedAverage(), NesterovSGD(lr, mu));
   }
   if (opt == "sgd") {
-    return merge == "rda" ? serve(f, plan, init, fast::RadialDirectional(), PlainSGD(lr))
-                          : serve(f, plan, init, WeightedAverage(), PlainSGD(lr));
+    return merge == "rda" ? serve(f, plan, init, tensors, zero_init, fast::RadialDirectional(), PlainSGD(lr))
+                          : serve(f, plan, init, tensors, zero_init, WeightedAverage(), PlainSGD(lr));
   }
   if (opt == "average") {
-    return merge == "rda" ? serve(f, plan, init, fast::RadialDirectional(), AverageOnly())
-                          : serve(f, plan, init, WeightedAverage(), AverageOnly());
+    return merge == "rda" ? serve(f, plan, init, tensors, zero_init, fast::RadialDirectional(), AverageOnly())
+                          : serve(f, plan, init, tensors, zero_init, WeightedAverage(), AverageOnly());
   }
   throw InvalidArgument("--outer-optimizer '" + opt + "': expected nesterov, sgd or average");
 } catch (const std::exception& e) {
