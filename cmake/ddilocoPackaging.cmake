@@ -40,4 +40,12 @@ endif()
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libzmq3-dev, libeigen3-dev, pkgconf")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "xtensor-dev, cmake")
 
+# The Python package is not in the .deb: Debian's interpreter looks for
+# packages under dist-packages paths a prefix-relative install cannot name for
+# both /usr and /usr/local. It installs on its own with
+# `cmake --install <build> --component python` (docs/python.md).
+get_cmake_property(ddiloco_components COMPONENTS)
+list(REMOVE_ITEM ddiloco_components python)
+set(CPACK_COMPONENTS_ALL ${ddiloco_components})
+
 include(CPack)

@@ -11,12 +11,23 @@ function(ddiloco_own_target target)
   endif()
 endfunction()
 
-# Optional third-party integrations, found once for all our own targets.
-find_package(Eigen3 3.3 CONFIG QUIET)
-find_package(xtensor CONFIG QUIET)
+# The optional third-party integrations (Eigen, xtensor, libzmq) are found in
+# ddilocoDependencies.cmake, for consumers too.
 
-# ZeroMQ (libzmq3-dev) for the network transport, found through pkg-config.
-find_package(PkgConfig QUIET)
-if(PkgConfig_FOUND)
-  pkg_check_modules(DDILOCO_ZMQ QUIET IMPORTED_TARGET libzmq)
-endif()
+# DDILOCO_WITH_TORCH (the libtorch adapter tests and the torch_gpt example):
+# on by default when libtorch is found, except under Clang: Debian 12's
+# libtorch headers do not compile with Clang 14 in C++20 (ATen/core/ivalue_inl.h
+# uses std::vector<c10::IValue> while IValue is still incomplete; GCC accepts
+# it), so a Clang build leaves them out unless DDILOCO_WITH_TORCH=ON is given.
+macro(ddiloco_torch_option)
+  if(NOT DEFINED DDILOCO_WITH_TORCH)
+    if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+      set(ddiloco_torch_default OFF)
+      message(STATUS "ddiloco: Clang: the libtorch parts are off (Debian's libtorch headers need GCC in C++20)")
+    else()
+      find_package(Torch QUIET)
+      set(ddiloco_torch_default ${Torch_FOUND})
+    endif()
+    option(DDILOCO_WITH_TORCH "Build the libtorch adapter tests and the torch_gpt example" ${ddiloco_torch_default})
+  endif()
+endmacro()
