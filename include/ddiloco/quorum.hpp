@@ -143,9 +143,10 @@ class Ema {
 
 /// Minimum quorum K plus the adaptive grace window of Eq. 3.
 ///
-/// One policy per syncer (or per syncer shard): the moving averages describe
-/// the fleet and the network, not a fragment, so all fragments share them; the
-/// per-round state lives in RoundState, one per open fragment round.
+/// The syncer keeps one policy per fragment: each fragment's moving averages
+/// (step time, time to quorum, time to merge and send) are learnt from its own
+/// rounds, so a large fragment's longer merge does not shorten a small one's
+/// window; the per-round state lives in RoundState, one per open round.
 ///
 /// Maths (docs/algorithm.md, "Quorum and grace window"; paper Eq. 3):
 ///     slack = tau * xi_step - (xi_quorum + xi_sync)
