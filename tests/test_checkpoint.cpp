@@ -17,28 +17,17 @@
 #include <thread>
 #include <vector>
 
+#include "temp_dir.hpp"
+
 using namespace ddiloco;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh, unique directory, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<unsigned> counter{0};
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("ddiloco-test-checkpoint-" + std::to_string(::getpid()) + "-" +
-                                        std::to_string(counter++) + "-" + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
+// Each TempDir is named after this file.
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("checkpoint") {}
 };
 
 std::vector<std::byte> read_bytes(const fs::path& p) {

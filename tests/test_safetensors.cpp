@@ -28,31 +28,17 @@
 
 #include <sys/wait.h>
 
+#include "temp_dir.hpp"
+
 using namespace ddiloco;
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 
 namespace {
 
-// A fresh, unique directory, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<unsigned> counter{0};
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("ddiloco-test-safetensors-" + std::to_string(::getpid()) + "-" +
-                                        std::to_string(counter++) + "-" + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  [[nodiscard]] std::size_t entries() const {
-    return static_cast<std::size_t>(std::distance(fs::directory_iterator(path), fs::directory_iterator()));
-  }
+// Each TempDir is named after this file.
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("safetensors") {}
 };
 
 std::string read_file(const fs::path& p) {

@@ -374,6 +374,36 @@ class ZapHandler {
   std::thread thread_;
 };
 
+/// One event from a ZeroMQ socket monitor, if one is pending: the event code
+/// and its value from the first part; the second part (the endpoint) is read
+/// and dropped. A first part too short to hold them reads as event 0.
+struct MonitorEvent {
+  std::uint16_t event = 0;
+  std::uint32_t value = 0;
+};
+inline std::optional<MonitorEvent> next_monitor_event(void* monitor) {
+  zmq_msg_t head;
+  zmq_msg_init(&head);
+  if (zmq_msg_recv(&head, monitor, ZMQ_DONTWAIT) < 0) {
+    zmq_msg_close(&head);
+    return std::nullopt;
+  }
+  MonitorEvent e;
+  if (zmq_msg_size(&head) >= 6) {
+    std::memcpy(&e.event, zmq_msg_data(&head), 2);
+    std::memcpy(&e.value, static_cast<const char*>(zmq_msg_data(&head)) + 2, 4);
+  }
+  const bool more = zmq_msg_more(&head) != 0;
+  zmq_msg_close(&head);
+  if (more) {
+    zmq_msg_t address;
+    zmq_msg_init(&address);
+    zmq_msg_recv(&address, monitor, 0);
+    zmq_msg_close(&address);
+  }
+  return e;
+}
+
 }  // namespace detail
 
 struct ZmqSyncerConfig {
@@ -691,26 +721,9 @@ class ZmqSyncerTransport {
   /// Failed handshakes the monitor reported (two parts each: event + value, endpoint).
   void drain_monitor() {
     for (;;) {
-      zmq_msg_t head;
-      zmq_msg_init(&head);
-      if (zmq_msg_recv(&head, monitor_, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&head);
-        return;
-      }
-      std::uint16_t event = 0;
-      std::uint32_t value = 0;
-      if (zmq_msg_size(&head) >= 6) {
-        std::memcpy(&event, zmq_msg_data(&head), 2);
-        std::memcpy(&value, static_cast<const char*>(zmq_msg_data(&head)) + 2, 4);
-      }
-      const bool more = zmq_msg_more(&head) != 0;
-      zmq_msg_close(&head);
-      if (more) {
-        zmq_msg_t address;
-        zmq_msg_init(&address);
-        zmq_msg_recv(&address, monitor_, 0);
-        zmq_msg_close(&address);
-      }
+      const auto e = detail::next_monitor_event(monitor_);
+      if (!e) return;
+      const auto [event, value] = *e;
       if (event != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) continue;
       {
         std::lock_guard lock(mutex_);
@@ -1020,26 +1033,9 @@ class ZmqLearnerTransport {
   void drain_monitor() {
     if (monitor_ == nullptr) return;
     for (;;) {
-      zmq_msg_t head;
-      zmq_msg_init(&head);
-      if (zmq_msg_recv(&head, monitor_, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&head);
-        return;
-      }
-      std::uint16_t event = 0;
-      std::uint32_t value = 0;
-      if (zmq_msg_size(&head) >= 6) {
-        std::memcpy(&event, zmq_msg_data(&head), 2);
-        std::memcpy(&value, static_cast<const char*>(zmq_msg_data(&head)) + 2, 4);
-      }
-      const bool more = zmq_msg_more(&head) != 0;
-      zmq_msg_close(&head);
-      if (more) {
-        zmq_msg_t address;
-        zmq_msg_init(&address);
-        zmq_msg_recv(&address, monitor_, 0);
-        zmq_msg_close(&address);
-      }
+      const auto e = detail::next_monitor_event(monitor_);
+      if (!e) return;
+      const auto [event, value] = *e;
       switch (event) {
         case ZMQ_EVENT_CONNECTED: ++events_.connects; break;
         case ZMQ_EVENT_CONNECT_RETRIED: ++events_.connect_retries; break;
