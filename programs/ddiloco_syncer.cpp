@@ -51,7 +51,7 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
         << "\nimpersonations=" << z.impersonations << "\nbytes_in=" << z.bytes_in << "\nbytes_out=" << z.bytes_out
         << "\nsend_over_budget=" << z.send_over_budget << "\nwrong_direction=" << z.wrong_direction
         << "\ndisconnects=" << z.disconnects << "\nreceive_pauses=" << z.receive_pauses
-        << "\npeers_evicted=" << z.peers_evicted << "\nsend_queued_bytes=" << z.send_queued_bytes
+        << "\npeers_evicted=" << z.peers_evicted << "\nslow_peer_frames=" << z.slow_peer_frames << "\nsend_queued_bytes=" << z.send_queued_bytes
         << "\nincoming_queued_bytes=" << z.incoming_queued_bytes << "\n";
   }
   fs::rename(tmp, path);
@@ -128,6 +128,7 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   if (f.count("peer-receive-budget-mb") != 0) zc.peer_receive_budget = f.count("peer-receive-budget-mb") * MiB;
   if (f.count("incoming-max-mb") != 0) zc.incoming_max_bytes = f.count("incoming-max-mb") * MiB;
   zc.max_peers = f.count("max-peers");
+  zc.slow_peer_timeout = std::chrono::milliseconds(f.integer("slow-peer-timeout-ms"));
   if (f.flag("plaintext")) {
     zc.security = ZmqSecurity::plaintext();
     std::printf("syncer: WARNING: running without encryption or authentication (--plaintext)\n");
@@ -267,6 +268,9 @@ int main(int argc, char** argv) try {
         "0: 64 full states, at most 256 MiB, at least 4 of the largest frames");
   f.add("queue-max-mb", "0", "MiB of contributions waiting for the merge workers; beyond it nothing more is "
                              "taken from the socket until they drain; 0: as --incoming-max-mb");
+  f.add("slow-peer-timeout-ms", "10000",
+        "a learner connection whose send queue has stayed full this long (it does not read) is not heard from "
+        "until it reads again, so it is declared dead after --heartbeat-timeout-ms and sent nothing more");
   f.add("max-peers", "4096", "reply routes kept (learner ids heard from); beyond it the least recently heard are "
                              "forgotten");
   f.add("workers", "2", "merge worker threads");

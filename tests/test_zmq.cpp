@@ -880,18 +880,65 @@ TEST_CASE("A learner cuts a syncer frame over its largest legal frame and refuse
     return learner.counters().wrong_direction == 1;
   }));
   CHECK(learner.counters().decode_errors == 1);
-  // One element more than the plan's largest fragment: ZeroMQ drops the connection.
-  REQUIRE(syncer.send_to(3, global_of(11)));
-  REQUIRE(eventually([&] { return learner.link_events().disconnects >= 1; }));
-  // The learner reconnects; once the syncer has heard from it again, a legal frame arrives.
-  REQUIRE(eventually([&] { return learner.link_events().handshakes >= 2; }));
-  Message hb = join_message(3);
-  hb.type = MessageType::heartbeat;
-  REQUIRE(learner.send(std::move(hb)));
-  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+  // A legal frame of the largest fragment's size arrives.
   REQUIRE(syncer.send_to(3, global_of(10)));
   const auto back = learner.receive_until(steady.now() + 10s);
   REQUIRE(back.has_value());
   CHECK(back->version == 10);
-  CHECK(learner.counters().frames_in == 2);  // the contribution and this one; the oversized never arrived
+  // One element more than the plan's largest fragment: ZeroMQ drops the
+  // connection (a protocol error: it does not reconnect to that syncer).
+  REQUIRE(syncer.send_to(3, global_of(11)));
+  REQUIRE(eventually([&] { return learner.link_events().disconnects >= 1; }));
+  CHECK_FALSE(learner.try_receive().has_value());
+  CHECK(learner.counters().frames_in == 2);  // the contribution and the legal one; the oversized never arrived
+}
+
+TEST_CASE("A connection that has not read for slow_peer_timeout is not heard from until it reads again",
+          "[zmq][bounds]") {
+  ZmqSyncerConfig config = plain_syncer();
+  config.peer_send_budget = std::size_t{1} << 20;
+  config.slow_peer_timeout = 1ms;
+  ZmqSyncerTransport syncer(config, steady);
+  RawPeer slow(syncer.endpoint(), 1, 4096);
+  REQUIRE(slow.send(encode_frame(join_message(4), Codec::fp32)));
+  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+  Message global;
+  global.type = MessageType::global_fragment;
+  global.fingerprint = 7;
+  global.learner = 4;
+  global.payload = make_payload(std::vector<float>(64 * 1024, 1.0f));
+  bool refused = false;
+  for (int i = 0; i < 1000 && !refused; ++i) {
+    Message m = global;
+    refused = !syncer.send_to(4, std::move(m));
+  }
+  REQUIRE(refused);
+  // While merges keep coming for it (each refused once the kernel's buffers are
+  // full too), its heartbeats no longer reach the syncer (which would declare it dead).
+  Message hb = join_message(4);
+  hb.type = MessageType::heartbeat;
+  const auto beat = encode_frame(hb, Codec::fp32);
+  REQUIRE(eventually([&] {
+    Message m = global;
+    (void)syncer.send_to(4, std::move(m));
+    slow.send(beat, ZMQ_DONTWAIT);
+    return syncer.counters().slow_peer_frames >= 3;
+  }));
+  while (syncer.try_receive()) {
+  }
+  const auto taken_before = syncer.counters().slow_peer_frames;
+  REQUIRE(slow.send(beat));
+  REQUIRE(eventually([&] { return syncer.counters().slow_peer_frames > taken_before; }));
+  CHECK_FALSE(syncer.try_receive().has_value());
+  // Once it reads what was queued for it, it is heard again.
+  std::size_t read = 0;
+  REQUIRE(eventually([&] {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    while (zmq_msg_recv(&msg, slow.socket, ZMQ_DONTWAIT) >= 0) ++read;
+    zmq_msg_close(&msg);
+    slow.send(beat, ZMQ_DONTWAIT);
+    return syncer.try_receive().has_value();
+  }, 30s));
+  CHECK(read > 0);
 }

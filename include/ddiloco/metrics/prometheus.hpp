@@ -268,7 +268,7 @@ class SyncerMetrics {
       auth_denied_->set(transport.auth_denied);
       impersonations_->set(transport.impersonations);
     }
-    if constexpr (requires { transport.send_over_budget; transport.send_queued_bytes; }) {
+    if constexpr (requires { transport.send_over_budget; transport.send_queued_bytes; transport.slow_peer_frames; }) {
       if (!bounds_) bounds_.emplace(*registry_);
       bounds_->set(transport);
     }
@@ -351,6 +351,8 @@ class SyncerMetrics {
                           "Connections closed (by the peer, a heartbeat time-out, or a message over the maximum size).");
       pauses = total("receive_pauses_total", "Times the syncer stopped reading its socket: received messages at their bound.");
       evicted = total("peers_evicted_total", "Reply routes forgotten to stay within --max-peers.");
+      slow = total("frames_from_slow_peers_total",
+                   "Frames dropped on arrival from a connection that has not read for --slow-peer-timeout-ms.");
       send_queued = &gauge("send_queued_bytes", "Bytes of frames queued for learners, not yet written to their sockets.");
       incoming_queued = &gauge("incoming_queued_bytes", "Bytes of received messages waiting for the syncer.");
       peers = &gauge("peers", "Reply routes kept (learner ids heard from).");
@@ -362,11 +364,12 @@ class SyncerMetrics {
       disconnects.set(c.disconnects);
       pauses.set(c.receive_pauses);
       evicted.set(c.peers_evicted);
+      slow.set(c.slow_peer_frames);
       send_queued->Set(static_cast<double>(c.send_queued_bytes));
       incoming_queued->Set(static_cast<double>(c.incoming_queued_bytes));
       peers->Set(static_cast<double>(c.peers));
     }
-    detail::TotalCounter over_budget, wrong_direction, disconnects, pauses, evicted;
+    detail::TotalCounter over_budget, wrong_direction, disconnects, pauses, evicted, slow;
     prometheus::Gauge* send_queued = nullptr;
     prometheus::Gauge* incoming_queued = nullptr;
     prometheus::Gauge* peers = nullptr;

@@ -208,6 +208,7 @@ struct ZmqCounters {
   std::uint64_t disconnects = 0;       ///< syncer: connections closed, by the peer or by ZeroMQ (a frame over max_message_size, a heartbeat time-out)
   std::uint64_t receive_pauses = 0;    ///< syncer: times the I/O thread stopped reading because incoming messages reached their bound
   std::uint64_t peers_evicted = 0;     ///< syncer: reply routes forgotten to stay within max_peers (least recently heard first)
+  std::uint64_t slow_peer_frames = 0;  ///< syncer: frames dropped on arrival from a connection that has not read for slow_peer_timeout
   std::uint64_t send_queued_bytes = 0;   ///< syncer, now: bytes of frames queued for peers (charged against the send budgets)
   std::uint64_t incoming_queued_bytes = 0;  ///< syncer, now: bytes of received messages not yet taken
   std::uint64_t incoming_queued = 0;        ///< syncer, now: received messages not yet taken
@@ -497,6 +498,11 @@ struct ZmqSyncerConfig {
   /// recently heard are forgotten (peers_evicted) and heard again with their
   /// next message. Bounds what a plaintext peer inventing ids can make us keep.
   std::size_t max_peers = 4096;
+  /// A connection whose send queue was full and has taken no frame for this
+  /// long (it does not read) is not heard from until its queue has drained: its
+  /// frames are dropped on arrival (slow_peer_frames), so the syncer declares
+  /// its learners dead after their heartbeat time-out and stops sending to them.
+  Duration slow_peer_timeout = std::chrono::seconds(10);
   /// Contributions are handed to the syncer in their wire encoding
   /// (Message::encoded, holding the received buffer) instead of decoded to
   /// fp32: the frame is still checked here (header, sizes, checksums, valid
@@ -637,16 +643,22 @@ class ZmqSyncerTransport {
     detail::SendCharge held;
     {
       std::lock_guard lock(mutex_);
-      detail::SendCharge::Counter peer;
-      if (auto it = routes_.find(id); it != routes_.end()) peer = it->second.queued;
+      std::shared_ptr<Connection> conn;
+      if (auto it = routes_.find(id); it != routes_.end()) conn = it->second.conn;
       // An empty queue always takes one frame, so a frame larger than a budget
       // still goes out (each bound is then exceeded by at most that frame).
-      const std::size_t mine = peer ? peer->load() : 0, all = send_queued_->load();
-      if ((mine != 0 && mine + charge > config_.peer_send_budget) ||
-          (all != 0 && all + charge > config_.send_budget)) {
+      const std::size_t mine = conn ? conn->queued.load() : 0, all = send_queued_->load();
+      const bool peer_full = mine != 0 && mine + charge > config_.peer_send_budget;
+      if (peer_full || (all != 0 && all + charge > config_.send_budget)) {
         ++counters_.send_dropped;
         ++counters_.send_over_budget;
+        if (peer_full && !conn->over_since) conn->over_since = clock_->now();
         return false;
+      }
+      detail::SendCharge::Counter peer;
+      if (conn) {
+        conn->over_since.reset();  // it reads again
+        peer = detail::SendCharge::Counter(conn, &conn->queued);
       }
       held = detail::SendCharge(std::move(peer), send_queued_, charge);
     }
@@ -713,10 +725,16 @@ class ZmqSyncerTransport {
     detail::SendCharge charge;  ///< released when ZeroMQ lets go of the frame
   };
 
-  /// Where a learner's replies go, and what is queued for it.
+  /// A peer connection: the bytes queued on it (peer_send_budget) and since
+  /// when its queue has been full (under mutex_).
+  struct Connection {
+    std::atomic<std::size_t> queued{0};
+    std::optional<TimePoint> over_since;
+  };
+  /// Where a learner's replies go.
   struct Route {
     std::string rid;                    ///< ROUTER routing id of its latest connection
-    detail::SendCharge::Counter queued; ///< bytes queued on its connection (peer_send_budget)
+    std::shared_ptr<Connection> conn;   ///< that connection
     TimePoint heard{0};                 ///< last message from it (eviction order)
   };
   struct Incoming {
@@ -739,6 +757,9 @@ class ZmqSyncerTransport {
       throw InvalidArgument(detail::msg("ZmqSyncerConfig: peer_send_budget = ", c.peer_send_budget,
                                         " bytes must be >= ", smallest, " and send_budget = ", c.send_budget,
                                         " bytes >= peer_send_budget (defaults 64 MiB and 1 GiB)"));
+    if (c.slow_peer_timeout <= Duration{0})
+      throw InvalidArgument(detail::msg("ZmqSyncerConfig::slow_peer_timeout = ", c.slow_peer_timeout.count(),
+                                        " ns must be > 0 (default 10 s)"));
     if (c.peer_receive_budget == 0 || c.incoming_max_messages == 0 || c.incoming_max_bytes == 0 || c.max_peers == 0)
       throw InvalidArgument(detail::msg("ZmqSyncerConfig: peer_receive_budget = ", c.peer_receive_budget,
                                         ", incoming_max_messages = ", c.incoming_max_messages,
@@ -919,14 +940,20 @@ class ZmqSyncerTransport {
           if (route.rid.size() != zmq_msg_size(&rid) ||
               std::memcmp(route.rid.data(), zmq_msg_data(&rid), route.rid.size()) != 0) {
             route.rid.assign(static_cast<const char*>(zmq_msg_data(&rid)), zmq_msg_size(&rid));
-            route.queued = connection_budget_locked(route.rid);
+            route.conn = connection_locked(route.rid);
           }
-          // What the message keeps alive: the received buffer (a contribution
-          // kept encoded) or its decoded payload.
-          const std::size_t held = sizeof(Incoming) + std::max(bytes.size(), r.value().payload_bytes());
-          incoming_.push_back({std::move(r).value(), held});
-          incoming_bytes_ += held;
-          arrived_.notify_one();
+          if (muted_locked(*route.conn)) {
+            // It has not read for slow_peer_timeout: not heard from until it
+            // does, so the syncer declares it dead and stops sending to it.
+            ++counters_.slow_peer_frames;
+          } else {
+            // What the message keeps alive: the received buffer (a contribution
+            // kept encoded) or its decoded payload.
+            const std::size_t held = sizeof(Incoming) + std::max(bytes.size(), r.value().payload_bytes());
+            incoming_.push_back({std::move(r).value(), held});
+            incoming_bytes_ += held;
+            arrived_.notify_one();
+          }
         }
       }
       zmq_msg_close(&rid);
@@ -961,18 +988,28 @@ class ZmqSyncerTransport {
     return it->second;
   }
 
-  /// The send budget of one connection (routing id), shared by every learner id
-  /// that speaks on it: a peer inventing ids on one connection gets one
+  /// One connection (routing id) and its send budget, shared by every learner
+  /// id that speaks on it: a peer inventing ids on one connection gets one
   /// peer_send_budget, not one per id. Entries nobody holds any more (no
   /// route, no queued frame) are dropped once there are more than max_peers.
   /// Called with mutex_ held.
-  detail::SendCharge::Counter connection_budget_locked(const std::string& rid) {
-    auto& counter = connections_[rid];
-    if (!counter) counter = std::make_shared<std::atomic<std::size_t>>(0);
-    detail::SendCharge::Counter held = counter;
+  std::shared_ptr<Connection> connection_locked(const std::string& rid) {
+    auto& conn = connections_[rid];
+    if (!conn) conn = std::make_shared<Connection>();
+    std::shared_ptr<Connection> held = conn;
     if (connections_.size() > config_.max_peers)
       std::erase_if(connections_, [](const auto& kv) { return kv.second.use_count() == 1; });
     return held;
+  }
+
+  /// True once a connection's send queue was full (a send refused) and no send
+  /// to it has been taken for slow_peer_timeout since, until its queue has
+  /// drained completely (it reads again). Called with mutex_ held.
+  bool muted_locked(Connection& c) const {
+    if (!c.over_since || clock_->now() - *c.over_since < config_.slow_peer_timeout) return false;
+    if (c.queued.load() != 0) return true;
+    c.over_since.reset();  // it has read everything since
+    return false;
   }
 
   /// Answers a join from a listed key that claims another id with
@@ -1070,7 +1107,7 @@ class ZmqSyncerTransport {
   Payload cached_payload_;                          ///< the payload of the last frame encoded ...
   std::shared_ptr<detail::FrameBlock> cached_frame_;  ///< ... and that frame (see frame_of)
   std::map<LearnerId, Route> routes_;  ///< learner id -> its reply route (at most max_peers)
-  std::map<std::string, detail::SendCharge::Counter> connections_;  ///< routing id -> bytes queued on it
+  std::map<std::string, std::shared_ptr<Connection>> connections_;  ///< routing id -> its connection
   ZmqCounters counters_{};
   std::atomic<bool> stop_{false};
   std::thread io_;
