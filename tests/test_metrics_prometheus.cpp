@@ -276,3 +276,53 @@ TEST_CASE("MetricsServer on port 0 picks a free port, serves /metrics and refres
   CHECK_THROWS_WITH(MetricsServer(server.address(), registry),
                     Catch::Contains(server.address()) && Catch::Contains("port"));
 }
+
+namespace {
+/// A transport's counters with the memory-bound fields of ZmqCounters.
+struct FakeBoundCounters : FakeTransportCounters {
+  std::uint64_t send_over_budget = 0, wrong_direction = 0, disconnects = 0, receive_pauses = 0, peers_evicted = 0,
+                slow_peer_frames = 0, send_queued_bytes = 0, incoming_queued_bytes = 0, peers = 0;
+};
+}  // namespace
+
+TEST_CASE("The memory-bound series follow the syncer's join limits and the transport's drops and queues",
+          "[metrics]") {
+  VirtualClock clock;
+  const Plan plan = two_fragments();
+  SyncerConfig c;
+  c.max_learners = 1;
+  c.join_burst_per_learner = 1;
+  Syncer<WeightedAverage, AverageOnly> syncer(plan, std::vector<float>(6, 1.0f), clock, c);
+  Outbox out;
+  syncer.handle(join(plan, 1), out);
+  Message again = join(plan, 1);
+  again.sequence = 7;  // a new incarnation, over the per-learner burst
+  syncer.handle(again, out);
+  syncer.handle(join(plan, 2), out);  // learner 1 is alive: refused, full
+  prometheus::Registry registry;
+  SyncerMetrics metrics(registry);
+  FakeBoundCounters z;
+  z.send_over_budget = 5;
+  z.wrong_direction = 2;
+  z.disconnects = 1;
+  z.receive_pauses = 3;
+  z.peers_evicted = 4;
+  z.slow_peer_frames = 6;
+  z.send_queued_bytes = 1000;
+  z.incoming_queued_bytes = 88;
+  z.peers = 2;
+  metrics.update(syncer.status(), z);
+  const std::string t = text(registry);
+  CHECK(sample(t, "ddiloco_syncer_joins_limited_total") == 1);
+  CHECK(sample(t, "ddiloco_syncer_joins_over_capacity_total") == 1);
+  CHECK(sample(t, "ddiloco_syncer_learners_pruned_total") == 0);
+  CHECK(sample(t, "ddiloco_syncer_frames_over_budget_total") == 5);
+  CHECK(sample(t, "ddiloco_syncer_frames_wrong_direction_total") == 2);
+  CHECK(sample(t, "ddiloco_syncer_disconnects_total") == 1);
+  CHECK(sample(t, "ddiloco_syncer_receive_pauses_total") == 3);
+  CHECK(sample(t, "ddiloco_syncer_peers_evicted_total") == 4);
+  CHECK(sample(t, "ddiloco_syncer_frames_from_slow_peers_total") == 6);
+  CHECK(sample(t, "ddiloco_syncer_send_queued_bytes") == 1000);
+  CHECK(sample(t, "ddiloco_syncer_incoming_queued_bytes") == 88);
+  CHECK(sample(t, "ddiloco_syncer_peers") == 2);
+}
