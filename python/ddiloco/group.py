@@ -115,6 +115,7 @@ class GroupLearner:
         alpha = learner_keywords.get("alpha", signature["alpha"].default)
         failure: Optional[BaseException] = None
         self._learner: Optional[Learner] = None
+        self._closed_status: Optional[dict] = None
         self._follower = None
         try:
             if self.is_leader:
@@ -193,8 +194,10 @@ class GroupLearner:
         self._collective(lambda: dist.broadcast(tensor, src=self._src, group=self.group), what)
 
     def _close_learner(self) -> None:
-        if self._learner is not None:
+        if self._learner is not None and self._closed_status is None:
             try:
+                self._closed_status = self._learner.status()  # status() keeps answering after the close
+                self._closed_status["joined"] = False
                 self._learner.close()
             except Exception:  # best effort: the group is going down anyway
                 pass
@@ -342,7 +345,7 @@ class GroupLearner:
         rank: role ('leader' or 'follower'), rank, leader, group_size, group_step, group_tokens, and down (None,
         or why the group's learner went down); the others also applies and base_versions (as the leader's)."""
         if self.is_leader:
-            d = self._learner.status()
+            d = dict(self._closed_status) if self._closed_status is not None else self._learner.status()
         else:
             d = self._follower.status()
             d["step"] = self._step
