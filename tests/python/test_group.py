@@ -147,8 +147,12 @@ def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_
     # The follower applied every global the leader applied after its join (the join wrote the state whole).
     assert follower["applies"] == leader["applies"] - 2 and follower["applies"] >= 20, (leader, follower)
     assert follower["base_versions"] == leader["base_versions"]
-    # The leader's counters account for the group's tokens: both ranks' BATCH per step (token_count="sum").
-    assert leader["tokens"] == 2 * BATCH * STEPS and leader["step"] == STEPS == follower["group_step"]
+    # The leader's counters account for the group's tokens (token_count="sum"): its own BATCH per step, and
+    # the follower's up to the last step at which the ranks communicated (every send is such a step).
+    assert leader["step"] == STEPS == follower["group_step"] and follower["own_tokens"] == BATCH * STEPS
+    assert leader["synced_step"] == follower["synced_step"] and leader["synced_steps"] == follower["synced_steps"]
+    assert leader["tokens"] == BATCH * STEPS + BATCH * follower["synced_step"], (leader, follower)
+    assert STEPS - 8 < follower["synced_step"] <= STEPS
     st = s.status()
     others = st["rejected_total"] - st["rejected"]["stale"]  # stale: see test_training.py
     assert st["joins"] >= 3 and others == 0 and st["merges"] >= 20, st["line"]
@@ -156,7 +160,8 @@ def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_
     final = mse(global_model(s), x_eval, y_eval)
     assert final < bound < initial, (initial, bound, final, st["line"])
     print(f"group training test: {time.monotonic() - start:.1f} s; loss {initial:.3g} -> {final:.3g} "
-          f"(bound {bound:.3g}); {follower['applies']} applies followed")
+          f"(bound {bound:.3g}); {follower['applies']} applies followed; the ranks communicated at "
+          f"{follower['synced_steps']} of {STEPS} steps")
 
 
 def test_a_rank_killed_takes_the_group_learner_down_and_the_restarted_group_rejoins_while_the_rest_runs_on(
