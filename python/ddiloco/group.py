@@ -4,11 +4,14 @@ The ranks hold replicated parameters (data parallel inside the learner, e.g.
 DDP, whose all-reduced gradients keep them equal). One rank, the leader, holds
 the learner (ddiloco.Learner: the OuterLoop and the connection to the syncer);
 the others hold a ddiloco._core.FollowerCore (the same plan, no connection).
-Every rank calls step() after every inner step; at each step the leader steps
-its learner and broadcasts over the group which globals that step applied,
-then their values, and every other rank applies them with the leader's
-arithmetic (the C++ FragmentApplier) in the same step: the ranks stay
-bit-identical. No maths here: only the collectives and the bookkeeping.
+Every rank calls step() after every inner step. At a step that may send or
+apply (a fragment due, or a send awaiting its global from send + tau on: every
+rank knows these from the schedule and the previous headers) the leader steps
+its learner and broadcasts over the group what that step sent and which
+globals it applied, then their values, and every other rank applies them with
+the leader's arithmetic (the C++ FragmentApplier) in the same step: the ranks
+stay bit-identical. At the other steps the leader steps alone and the others
+only count. No maths here: only the collectives and the bookkeeping.
 """
 from __future__ import annotations
 
@@ -67,12 +70,13 @@ class GroupLearner:
     steps apply, at the same step, and stay bit-identical to it.
 
     ``token_count``: ``"sum"`` (default): ``step(tokens)`` takes this rank's
-    tokens and the learner accounts the group's sum (one all-reduce of one
-    integer per step); ``"leader"``: the leader's argument is the group's total
-    and the others' are ignored (no extra collective).
+    tokens and the learner accounts the group's sum (the others' are added at
+    the next step that communicates; every send is one); ``"leader"``: the
+    leader's argument is the group's total and the others' are ignored.
 
     The other keywords are ``ddiloco.Learner``'s; every rank must pass the same
-    ``fragments``, ``alpha`` and ``embedding`` (checked at creation). Set the
+    ``fragments``, ``alpha``, ``sync_every``, ``overlap`` and ``embedding``
+    (checked at creation). Set the
     group's timeout (``init_process_group(timeout=...)``) above ``join_timeout``
     and, in lock-step mode, above ``lock_step_timeout``: the other ranks wait in
     a collective while the leader joins or waits. A collective that fails (a
