@@ -256,6 +256,8 @@ def follower_of(model, **kw):
     o = ddiloco._core.LearnerOptions()
     o.fragments = kw.get("fragments", 2)
     o.alpha = kw.get("alpha", 0.0)
+    o.staging = kw.get("staging", "auto")
+    o.sync_every, o.overlap = 8, 1
     names = [n for n, _ in model.named_parameters()]
     tensors = [p for _, p in model.named_parameters()]
     return ddiloco._core.FollowerCore(o, names, tensors, [False] * len(names), torch.float32, _copy_out, _copy_in)
@@ -329,3 +331,24 @@ def test_ranks_created_with_different_alphas_both_refuse_naming_the_difference(s
                                 "different learner from the leader's (rank 0)"), error
         assert f"alpha bits {struct.unpack('<i', struct.pack('<f', 0.5))[0]} vs 0" in error, error
     assert s.status()["joins"] == 0  # refused before anyone joined
+
+
+def test_a_staged_follower_as_on_a_device_writes_the_same_bytes_as_one_in_place():
+    in_place, staged = model_of(), model_of()
+    a, b = follower_of(in_place, alpha=0.3), follower_of(staged, alpha=0.3, staging="always")
+    assert not a.staged and b.staged
+    g = torch.Generator().manual_seed(5)
+    for step in range(20):
+        for fragment, n in enumerate(a.plan()["fragment_numel"]):
+            values = torch.randn(n, generator=g).numpy()
+            a.apply(fragment, step + 1, values)
+            b.apply(fragment, step + 1, values)
+    for p, q in zip(in_place.parameters(), staged.parameters()):
+        assert p.detach().numpy().tobytes() == q.detach().numpy().tobytes()
+    assert a.status() == b.status() == {"applies": 40, "base_versions": [20, 20]}
+    # A parameter resized after creation is named, as ddiloco.Learner names it.
+    with torch.no_grad():
+        staged.bias.data = torch.zeros(2)
+    with pytest.raises(ddiloco.ShapeMismatch, match=r"ddiloco.GroupLearner: parameter 'bias' has 2 elements.*"
+                                                    r"when the GroupLearner was created"):
+        b.apply(1, 21, np.zeros(1, dtype=np.float32))
