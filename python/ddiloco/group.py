@@ -76,10 +76,10 @@ class GroupLearner:
 
     The other keywords are ``ddiloco.Learner``'s; every rank must pass the same
     ``fragments``, ``alpha``, ``sync_every``, ``overlap`` and ``embedding``
-    (checked at creation). Set the
-    group's timeout (``init_process_group(timeout=...)``) above ``join_timeout``
-    and, in lock-step mode, above ``lock_step_timeout``: the other ranks wait in
-    a collective while the leader joins or waits. A collective that fails (a
+    (checked at creation). Set the group's timeout
+    (``init_process_group(timeout=...)``) above ``join_timeout`` and, in
+    lock-step mode, above ``lock_step_timeout``: the other ranks wait in a
+    collective while the leader joins or waits. A collective that fails (a
     rank died) raises ``ddiloco.TransportError`` on the ranks that see it, and
     the leader leaves the run: the group's learner is down; restart every rank,
     and it rejoins as a whole. See docs/python.md, "Learners that are groups".
