@@ -99,7 +99,10 @@ class GroupLearner:
         self.group = group
         self.group_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        if not (isinstance(leader, int) and 0 <= leader < self.group_size):
+        if self.rank < 0:
+            raise _error(_core.InvalidArgument, f"this process (global rank {dist.get_rank()}) is not in the group "
+                         "it was given; create the GroupLearner only on the ranks of its group, with that group")
+        if isinstance(leader, bool) or not (isinstance(leader, int) and 0 <= leader < self.group_size):
             raise _error(_core.InvalidArgument, f"leader = {leader!r} is not a rank of the group (0 to "
                          f"{self.group_size - 1}); pass the group rank of the process that talks to the syncer")
         self.leader = leader
