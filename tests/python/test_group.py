@@ -21,6 +21,10 @@ STEPS = 300        # inner steps per learner (and per rank of the group)
 LR = 0.02
 GROUP_ID = 2
 WAIT_S = 60        # the bound of every wait for an event below
+# The workers import the ddiloco this test imported, wherever PYTHONPATH pointed (relative paths included).
+WORKER_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    [os.path.dirname(os.path.dirname(os.path.abspath(ddiloco.__file__)))] +
+    [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
 SYNCER = dict(fragments=2, overlap=1, outer_lr=0.7, outer_momentum=0.5)
 # The kill test runs its single learner long after the model has converged: random batches on a noisy task
 # keep every learner's per-step progress of one size, which the syncer's norm-outlier check compares.
@@ -41,7 +45,7 @@ def start_group(endpoint, directory, tag, steps, alpha=0.0, max_seconds=90, nois
             [sys.executable, os.path.join(HERE, "group_worker.py"), "--endpoint", endpoint, "--id", str(GROUP_ID),
              "--rank", str(rank), "--world", "2", "--init", init, "--out", out, "--steps", str(steps),
              "--alpha", str(alphas[rank]), "--lr", str(LR), "--max-seconds", str(max_seconds), "--noise", str(noise)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=HERE))
+            stdout=log, stderr=subprocess.STDOUT, cwd=HERE, env=WORKER_ENV))
         log.close()
     return procs, out
 
