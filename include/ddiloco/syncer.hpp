@@ -166,6 +166,23 @@ struct SyncerConfig {
   /// counted in the next record's `suppressed`, so a flood cannot fill the log.
   Duration refusal_log_interval = std::chrono::seconds(10);
   std::size_t refusal_log_burst = 8;
+  /// Learner ids whose contributions are tallied one by one (Syncer::tally):
+  /// accepted, and rejected by reason. A fixed list, so what it costs is
+  /// bounded whatever ids a peer claims; it lets a test or an operator tell
+  /// the rejections of known honest learners from an attacker's.
+  std::vector<LearnerId> tally_learners;
+};
+
+/// One learner's contributions as the syncer handled them (SyncerConfig::tally_learners).
+struct LearnerTally {
+  std::uint64_t step = 0;  ///< the highest inner step counter (Message::step) its contributions carried
+  std::uint64_t accepted = 0;
+  std::array<std::uint64_t, kRejectReasons> rejected{};  ///< messages from this id refused, by reason
+  [[nodiscard]] std::uint64_t rejected_total() const noexcept {
+    std::uint64_t n = 0;
+    for (auto r : rejected) n += r;
+    return n;
+  }
 };
 
 /// Validates a SyncerConfig; throws InvalidArgument naming the bad field.
@@ -473,6 +490,7 @@ class Syncer {
         weights_(std::move(weights)),
         fragments_(plan_.num_fragments()) {
     validate(config_);
+    for (LearnerId id : config_.tally_learners) tallies_[id];
     std::size_t off = 0;
     tensor_offsets_.reserve(plan_.num_tensors());
     for (const auto& spec : plan_.tensors()) {
@@ -512,7 +530,7 @@ class Syncer {
       if (const auto why = refusal_for(m)) return refuse(m, *why, now, out);
       return m.type == MessageType::join ? on_join(m, now, out) : on_observe(m, now, out);
     }
-    if (m.fingerprint != plan_.fingerprint()) return reject(RejectReason::foreign_plan);
+    if (m.fingerprint != plan_.fingerprint()) return reject(RejectReason::foreign_plan, m);
     switch (m.type) {
       case MessageType::leave: return on_leave(m);
       case MessageType::heartbeat: return on_heartbeat(m, now);
@@ -549,7 +567,7 @@ class Syncer {
       if (m.type == MessageType::contribution) {
         count_in(m);
         if (m.fingerprint != plan_.fingerprint()) {
-          reject(RejectReason::foreign_plan);
+          reject(RejectReason::foreign_plan, m);
         } else if (auto c = precheck(m, now)) {
           pending.push_back(*c);
         }
@@ -671,6 +689,14 @@ class Syncer {
     std::vector<RefusedRequest> out(refusals_.begin(), refusals_.end());
     refusals_.clear();
     return out;
+  }
+
+  /// The tally of learner `id`'s contributions since this Syncer was
+  /// constructed; nullopt unless `id` is in SyncerConfig::tally_learners.
+  [[nodiscard]] std::optional<LearnerTally> tally(LearnerId id) const {
+    std::lock_guard lock(tally_mutex_);
+    if (auto it = tallies_.find(id); it != tallies_.end()) return it->second;
+    return std::nullopt;
   }
 
   /// Merges over all fragments so far (cheap: no lock).
@@ -901,6 +927,25 @@ class Syncer {
     std::unique_lock lock(members_mutex_);
     ++counters_.rejected[static_cast<std::size_t>(r)];
   }
+  void reject(RejectReason r, const Message& m) {
+    reject(r);
+    count_tally(m, r);
+  }
+  /// Adds to `who`'s tally, if it has one: a rejection for `r`, an acceptance
+  /// for nullopt. tally_mutex_ is a leaf lock (taken under any other, never the
+  /// other way round).
+  void count_tally(const Message& m, std::optional<RejectReason> r) {
+    if (tallies_.empty()) return;
+    std::lock_guard lock(tally_mutex_);
+    auto it = tallies_.find(m.learner);
+    if (it == tallies_.end()) return;
+    if (m.type == MessageType::contribution) it->second.step = std::max(it->second.step, m.step);
+    if (r) {
+      ++it->second.rejected[static_cast<std::size_t>(*r)];
+    } else {
+      ++it->second.accepted;
+    }
+  }
   std::size_t alive_count_locked() const {
     return static_cast<std::size_t>(
         std::count_if(learners_.begin(), learners_.end(), [](const auto& kv) { return kv.second.alive; }));
@@ -1051,6 +1096,7 @@ class Syncer {
     auto it = learners_.find(m.learner);
     if (it == learners_.end()) {
       ++counters_.rejected[static_cast<std::size_t>(RejectReason::unknown_learner)];
+      count_tally(m, RejectReason::unknown_learner);
       return;
     }
     if (it->second.alive) ++counters_.leaves;
@@ -1064,6 +1110,9 @@ class Syncer {
     auto it = learners_.find(id);
     if (it == learners_.end()) {
       ++counters_.rejected[static_cast<std::size_t>(RejectReason::unknown_learner)];
+      Message who;
+      who.learner = id;
+      count_tally(who, RejectReason::unknown_learner);
       return false;
     }
     auto& l = it->second;
@@ -1100,8 +1149,8 @@ class Syncer {
   /// counters, finiteness (one pass computing every tensor's squared norm too,
   /// which add_batch then does not compute again), known learner.
   std::optional<Checked> precheck(const Message& m, TimePoint now) {
-    const auto refuse = [this](RejectReason why) -> std::optional<Checked> {
-      reject(why);
+    const auto refuse = [this, &m](RejectReason why) -> std::optional<Checked> {
+      reject(why, m);
       return std::nullopt;
     };
     if (m.fragment >= fragments_.size()) return refuse(RejectReason::bad_fragment);
@@ -1156,14 +1205,17 @@ class Syncer {
     auto& last = f.last_sequence[m.learner];
     if (m.sequence <= last) {
       ++f.rejected_duplicate;
+      count_tally(m, RejectReason::duplicate);
       return false;
     }
     if (m.version > f.version) {
       ++f.rejected_future;
+      count_tally(m, RejectReason::future_version);
       return false;
     }
     if (f.version - m.version > config_.max_staleness) {
       ++f.rejected_stale;
+      count_tally(m, RejectReason::stale);
       last = m.sequence;  // answered: a replay of this one is a duplicate
       const std::size_t from = out.size();
       out.push_back({m.learner, global_message(p, f, m.learner, MessageType::global_fragment)});
@@ -1172,9 +1224,11 @@ class Syncer {
     }
     if (f.norm_samples >= config_.norm_warmup && c.per_step_norm > config_.norm_outlier_factor * f.norm_ema) {
       ++f.rejected_norm;
+      count_tally(m, RejectReason::norm_outlier);
       return false;
     }
     last = m.sequence;
+    count_tally(m, std::nullopt);
     f.norm_ema = f.norm_samples == 0 ? c.per_step_norm : 0.9 * f.norm_ema + 0.1 * c.per_step_norm;
     ++f.norm_samples;
     ++f.accepted;
@@ -1342,6 +1396,8 @@ class Syncer {
   std::map<LearnerId, TimePoint> observe_last_;
   std::optional<TimePoint> observe_window_start_;
   std::size_t observe_window_count_ = 0;
+  mutable std::mutex tally_mutex_;
+  std::map<LearnerId, LearnerTally> tallies_;  ///< SyncerConfig::tally_learners only (under tally_mutex_)
 };
 
 }  // namespace ddiloco
