@@ -94,6 +94,18 @@ constexpr std::string_view to_string(RejectReason r) noexcept {
   return i < names.size() ? names[i] : "unknown";
 }
 
+/// One learner's contributions as the syncer handled them (SyncerConfig::tally_learners).
+struct LearnerTally {
+  std::uint64_t step = 0;  ///< the highest inner step counter (Message::step) its contributions carried
+  std::uint64_t accepted = 0;
+  std::array<std::uint64_t, kRejectReasons> rejected{};  ///< messages from this id refused, by reason
+  [[nodiscard]] std::uint64_t rejected_total() const noexcept {
+    std::uint64_t n = 0;
+    for (auto r : rejected) n += r;
+    return n;
+  }
+};
+
 /// Who receives a fragment's new global after a merge (SyncerConfig::send_merged_to).
 enum class MergeRecipients : std::uint8_t {
   /// Every learner alive at the merge (the default).
@@ -161,28 +173,16 @@ struct SyncerConfig {
   /// Each answer is the whole global state, so this bounds what observers cost.
   Duration observe_interval = std::chrono::seconds(1);
   std::size_t observe_burst = 4;
-  /// Refused joins and observes are recorded for the operator (take_refusals)
-  /// at most `refusal_log_burst` times per `refusal_log_interval`; the rest are
-  /// counted in the next record's `suppressed`, so a flood cannot fill the log.
-  Duration refusal_log_interval = std::chrono::seconds(10);
-  std::size_t refusal_log_burst = 8;
   /// Learner ids whose contributions are tallied one by one (Syncer::tally):
   /// accepted, and rejected by reason. A fixed list, so what it costs is
   /// bounded whatever ids a peer claims; it lets a test or an operator tell
   /// the rejections of known honest learners from an attacker's.
   std::vector<LearnerId> tally_learners;
-};
-
-/// One learner's contributions as the syncer handled them (SyncerConfig::tally_learners).
-struct LearnerTally {
-  std::uint64_t step = 0;  ///< the highest inner step counter (Message::step) its contributions carried
-  std::uint64_t accepted = 0;
-  std::array<std::uint64_t, kRejectReasons> rejected{};  ///< messages from this id refused, by reason
-  [[nodiscard]] std::uint64_t rejected_total() const noexcept {
-    std::uint64_t n = 0;
-    for (auto r : rejected) n += r;
-    return n;
-  }
+  /// Refused joins and observes are recorded for the operator (take_refusals)
+  /// at most `refusal_log_burst` times per `refusal_log_interval`; the rest are
+  /// counted in the next record's `suppressed`, so a flood cannot fill the log.
+  Duration refusal_log_interval = std::chrono::seconds(10);
+  std::size_t refusal_log_burst = 8;
 };
 
 /// Validates a SyncerConfig; throws InvalidArgument naming the bad field.
@@ -1386,6 +1386,8 @@ class Syncer {
 
   std::atomic<std::uint64_t> merges_total_{0};
   mutable std::mutex members_mutex_;
+  mutable std::mutex tally_mutex_;
+  std::map<LearnerId, LearnerTally> tallies_;  ///< SyncerConfig::tally_learners only (under tally_mutex_)
   std::map<LearnerId, LearnerInfo> learners_;
   SyncerStatus counters_{};
   // Rate limits of refusals' records and of observers (under members_mutex_).
@@ -1396,8 +1398,6 @@ class Syncer {
   std::map<LearnerId, TimePoint> observe_last_;
   std::optional<TimePoint> observe_window_start_;
   std::size_t observe_window_count_ = 0;
-  mutable std::mutex tally_mutex_;
-  std::map<LearnerId, LearnerTally> tallies_;  ///< SyncerConfig::tally_learners only (under tally_mutex_)
 };
 
 }  // namespace ddiloco

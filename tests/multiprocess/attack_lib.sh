@@ -121,13 +121,12 @@ end_phase() {
     wait_until 30 "the attacker to stop" exited "$ATTACK_PID"
     ATTACK_PID=
   fi
-  local leaves
-  leaves=$(status leaves "$name")
-  for pid in "${PHASE_LEARNERS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PHASE_LEARNERS[@]}"; do wait_until 30 "a learner of $name to stop" exited "$pid"; done
-  # A learner's leave comes after its last contribution on its connection:
-  # once both leaves are in the status file, so is every honest contribution.
-  wait_until 30 "the syncer of $name to count both leaves" status_at_least leaves "$name" "$((leaves + 2))"
+  # The learners are frozen (they send nothing more) and the syncer has
+  # handled what they sent once its counts stay the same over 5 status writes.
+  for pid in "${PHASE_LEARNERS[@]}"; do kill -STOP "$pid" 2>/dev/null || true; done
+  QUIET_LAST="" QUIET_SEEN=0
+  wait_until 30 "the syncer of $name to handle what the learners sent" quiet "$name"
+  for pid in "${PHASE_LEARNERS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   # A stale contribution is answered with the current fragment and its learner
   # rebases: a learner far slower than the other (a loaded machine) has one
   # now and then in a clean run too. So stale ones may be up to 1% of the
@@ -141,6 +140,15 @@ end_phase() {
   wait "$SYNCER_PID" 2>/dev/null || true
   RATE=$(echo "$WINDOW_START $WINDOW_END" | awk '{printf "%.4f\n", ($3 - $1) / ($4 - $2)}')
   VAL=$(for i in 0 1; do val_at "$name-l$i" "$MEASURE_AT"; done | awk '{s += $1; n++} END {printf "%.4f\n", s / n}')
+}
+
+# quiet NAME: true once syncer NAME's accepted and rejected counts have been
+# the same in 5 successive polls of its status file (written every 100 ms).
+quiet() {
+  local now
+  now="$(status accepted "$1") $(status rejected "$1")"
+  if [ "$now" = "$QUIET_LAST" ]; then QUIET_SEEN=$((QUIET_SEEN + 1)); else QUIET_LAST=$now QUIET_SEEN=0; fi
+  [ "$QUIET_SEEN" -ge 5 ]
 }
 
 # mark_window_start NAME: waits for honest step ATTACK_FROM and takes WINDOW_START.
