@@ -81,9 +81,10 @@ enum class JoinRefusal : std::uint8_t {
   foreign_plan = 1,  ///< another plan: tensors, sizes, order or fragment count differ (fingerprint)
   schedule = 2,      ///< another schedule: H (sync every) or tau (overlap) differ from the syncer's
   identity = 3,      ///< the learner's key is on the allow-list for another id (`version` = that id)
+  full = 4,          ///< the syncer knows SyncerConfig::max_learners learners, all of them alive
 };
 
-constexpr bool is_valid_join_refusal(std::uint32_t raw) noexcept { return raw >= 1 && raw <= 3; }
+constexpr bool is_valid_join_refusal(std::uint32_t raw) noexcept { return raw >= 1 && raw <= 4; }
 
 namespace detail {
 /// A plan fingerprint as the programs print it: 16 hex digits.
@@ -99,6 +100,7 @@ constexpr std::string_view to_string(JoinRefusal r) noexcept {
     case JoinRefusal::foreign_plan: return "foreign_plan";
     case JoinRefusal::schedule: return "schedule";
     case JoinRefusal::identity: return "identity";
+    case JoinRefusal::full: return "full";
   }
   return "unknown";
 }

@@ -416,6 +416,11 @@ class OuterLoop {
                          config_.id, "; run with --id ", m.version, " or give learner ", config_.id,
                          " its own key and allow-list line");
     }
+    if (theirs == JoinRefusal::full) {
+      return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id,
+                         ": it already serves its maximum number of learners, all of them alive; raise the "
+                         "syncer's --max-learners or stop a learner first");
+    }
     if (theirs == JoinRefusal::schedule) {
       return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id, ": it runs H = ", m.steps,
                          " (sync every), tau = ", m.tokens, " (overlap) but this learner runs H = ",

@@ -183,6 +183,32 @@ struct SyncerConfig {
   /// counted in the next record's `suppressed`, so a flood cannot fill the log.
   Duration refusal_log_interval = std::chrono::seconds(10);
   std::size_t refusal_log_burst = 8;
+  /// Membership bounds (docs/operations.md, "Memory bounds"). At most
+  /// `max_learners` learner ids are known at once: a join of a new id beyond
+  /// that first prunes the learner that has been dead longest and, when every
+  /// known learner is alive, is refused with JoinRefusal::full (counted in
+  /// joins_over_capacity).
+  std::size_t max_learners = 1024;
+  /// Full-state answers to joins (each is the whole model): at most
+  /// `join_burst_per_learner` per learner id and `join_burst` for all ids
+  /// together per `join_interval`; joins beyond are dropped unanswered and
+  /// counted (joins_limited). A learner resends its join every
+  /// OuterLoopConfig::join_retry (1 s) until it has the state, so a dropped one
+  /// is answered at its next retry.
+  Duration join_interval = std::chrono::seconds(1);
+  std::size_t join_burst_per_learner = 4;
+  std::size_t join_burst = 64;
+  /// A repeated join (same nonce, same incarnation) is answered again only when
+  /// it may have lost its answer: the learner has not contributed since, and at
+  /// least this long has passed since the previous answer (less than the
+  /// learner's join_retry, so each honest retry is answered).
+  Duration join_repeat_interval = std::chrono::milliseconds(500);
+  /// A learner that left, or has been dead (no message within
+  /// heartbeat_timeout) for this long, is forgotten: its entry and its
+  /// per-fragment sequences are dropped (learners_pruned). If it comes back,
+  /// its join starts an incarnation numbered above every pruned one, so its
+  /// new sequences can never collide with its old ones.
+  Duration prune_after = std::chrono::minutes(5);
 };
 
 /// Validates a SyncerConfig; throws InvalidArgument naming the bad field.
@@ -205,6 +231,18 @@ inline void validate(const SyncerConfig& c) {
                                       " must be > 0 (defaults 1 s and 4)"));
   if (c.refusal_log_interval <= Duration{0})
     throw InvalidArgument("SyncerConfig::refusal_log_interval must be > 0 (default 10 s)");
+  if (c.max_learners == 0)
+    throw InvalidArgument("SyncerConfig::max_learners = 0 would refuse every learner; use >= 1 (default 1024)");
+  if (c.join_interval <= Duration{0} || c.join_burst_per_learner == 0 || c.join_burst == 0)
+    throw InvalidArgument(detail::msg("SyncerConfig: join_interval = ", c.join_interval.count(),
+                                      " ns, join_burst_per_learner = ", c.join_burst_per_learner,
+                                      " and join_burst = ", c.join_burst, " must be > 0 (defaults 1 s, 4 and 64)"));
+  if (c.join_repeat_interval < Duration{0})
+    throw InvalidArgument(detail::msg("SyncerConfig::join_repeat_interval = ", c.join_repeat_interval.count(),
+                                      " ns must be >= 0 (default 500 ms, below the learners' join_retry)"));
+  if (c.prune_after <= Duration{0})
+    throw InvalidArgument(detail::msg("SyncerConfig::prune_after = ", c.prune_after.count(),
+                                      " ns must be > 0 (default 5 min)"));
 }
 
 /// A join or observe request the syncer refused, for the operator's log
@@ -225,7 +263,9 @@ struct RefusedRequest {
   /// 00ab... differs from ours 00cd... (another model or --fragments)".
   [[nodiscard]] std::string line() const {
     const std::string why =
-        reason == JoinRefusal::foreign_plan
+        reason == JoinRefusal::full
+            ? std::string("the syncer already knows its maximum of learners, all alive (--max-learners)")
+        : reason == JoinRefusal::foreign_plan
             ? detail::msg("plan fingerprint ", detail::hex16(fingerprint), " differs from ours ",
                           detail::hex16(our_fingerprint), " (another model, tensor list or fragment count)")
             : detail::msg("schedule H = ", sync_every, ", tau = ", overlap, " differs from ours H = ",
@@ -283,6 +323,9 @@ struct SyncerStatus {
   std::uint64_t observes = 0;          ///< observe requests answered with the global state
   std::uint64_t observes_limited = 0;  ///< observe requests dropped by the rate limit
   std::uint64_t observes_refused = 0;  ///< observe requests answered with join_refused (another plan)
+  std::uint64_t joins_over_capacity = 0;  ///< joins refused with JoinRefusal::full (also in joins_refused)
+  std::uint64_t joins_limited = 0;        ///< joins dropped unanswered by the join rate limits or repeat rule
+  std::uint64_t learners_pruned = 0;      ///< departed learners forgotten (prune_after, or to make room)
   /// Per merge: seconds from its round's first accepted contribution to the
   /// merged fragment being published (queued for the learners). Since this
   /// Syncer was constructed (not checkpointed), summed over fragments.
@@ -588,15 +631,28 @@ class Syncer {
   }
 
   /// Declares learners not heard from within the heartbeat time-out dead.
+  /// Learners that left or died more than SyncerConfig::prune_after ago are
+  /// forgotten (membership entry and per-fragment sequences).
   void expire_learners() {
     const TimePoint now = clock_->now();
-    std::unique_lock lock(members_mutex_);
-    for (auto& [id, l] : learners_) {
-      if (l.alive && now - l.last_seen >= config_.heartbeat_timeout) {
-        l.alive = false;
-        ++counters_.deaths;
+    std::vector<LearnerId> pruned;
+    {
+      std::unique_lock lock(members_mutex_);
+      for (auto it = learners_.begin(); it != learners_.end();) {
+        auto& l = it->second;
+        if (l.alive && now - l.last_seen >= config_.heartbeat_timeout) {
+          l.alive = false;
+          ++counters_.deaths;
+        }
+        if (!l.alive && now - l.last_seen >= config_.prune_after) {
+          pruned.push_back(it->first);
+          forget_locked(it++);
+        } else {
+          ++it;
+        }
       }
     }
+    forget_sequences(pruned);
   }
 
   /// Merges fragment p if its wait policy says so now. Returns true if merged.
@@ -813,6 +869,12 @@ class Syncer {
     }
     counters_ = SyncerStatus{};
     counters_.joins = s.joins;
+    // Learners forgotten before the snapshot are not in it; their incarnations
+    // were <= the join count (see incarnation_floor_).
+    incarnation_floor_ = s.joins;
+    for (const auto& l : s.learners) incarnation_floor_ = std::max(incarnation_floor_, l.incarnation);
+    join_window_start_.reset();
+    join_window_count_ = 0;
     counters_.leaves = s.leaves;
     counters_.deaths = s.deaths;
     counters_.bytes_in = s.bytes_in;
@@ -866,6 +928,9 @@ class Syncer {
     TimePoint last_seen{0};
     bool alive = false;
     std::optional<std::pair<TimePoint, std::uint64_t>> last_contribution;  ///< (arrival, step) for xi_step
+    std::optional<TimePoint> last_join_answer;  ///< when a join was last answered with the full state
+    std::optional<TimePoint> window_start;      ///< this id's join rate window ...
+    std::size_t window_count = 0;               ///< ... and the answers in it
   };
 
   struct FragmentState {
@@ -1058,14 +1123,56 @@ class Syncer {
 
   // ---- membership ---------------------------------------------------------
   /// A join carries a nonce in `sequence`, chosen by the learner once per
-  /// incarnation: a retried or duplicated join (same nonce) is answered again
-  /// with the same sequence base; a new nonce starts a new incarnation.
+  /// incarnation: a retried or duplicated join (same nonce) keeps the same
+  /// sequence base and is answered again only if its answer may have been lost
+  /// (SyncerConfig::join_repeat_interval); a new nonce starts a new
+  /// incarnation. Answers are rate limited per id and in total, and a new id
+  /// beyond max_learners is refused (see SyncerConfig, "Membership bounds").
   void on_join(const Message& m, TimePoint now, Outbox& out) {
     std::uint64_t first_sequence = 0;
+    std::vector<LearnerId> pruned;
     {
       std::unique_lock lock(members_mutex_);
+      auto it = learners_.find(m.learner);
+      const bool fresh = it == learners_.end();
+      if (fresh && !join_allowed_locked(nullptr, now)) return;
+      if (fresh && learners_.size() >= config_.max_learners) {
+        // Make room by forgetting the learner dead longest; refuse if all are alive.
+        auto victim = learners_.end();
+        for (auto j = learners_.begin(); j != learners_.end(); ++j)
+          if (!j->second.alive && (victim == learners_.end() || j->second.last_seen < victim->second.last_seen))
+            victim = j;
+        if (victim == learners_.end()) {
+          ++counters_.joins_over_capacity;
+          lock.unlock();
+          return refuse(m, JoinRefusal::full, now, out);
+        }
+        pruned.push_back(victim->first);
+        forget_locked(victim);
+      }
+      if (!fresh) {
+        LearnerInfo& known = it->second;
+        const bool repeat = known.incarnation != 0 && known.join_nonce == m.sequence;
+        // A repeat whose learner has contributed since has its state; one that
+        // comes sooner than a lost answer's retry would is a duplicate.
+        if (repeat && (known.last_contribution ||
+                       (known.last_join_answer && now - *known.last_join_answer < config_.join_repeat_interval))) {
+          ++counters_.joins_limited;
+          known.last_seen = std::max(known.last_seen, now);
+          known.alive = true;
+          return;
+        }
+        if (!join_allowed_locked(&known, now)) return;
+      }
       auto& l = learners_[m.learner];
-      if (l.incarnation == 0 || l.join_nonce != m.sequence) {
+      if (fresh) {
+        // Numbered above every forgotten incarnation (its sequences are gone).
+        l.incarnation = incarnation_floor_;
+        l.window_start = now;
+        l.window_count = 1;
+      }
+      l.last_join_answer = now;
+      if (fresh || l.incarnation == 0 || l.join_nonce != m.sequence) {
         ++l.incarnation;
         // Each incarnation gets its own sequence space, so a late message from a
         // previous incarnation can never be mistaken for a new one.
@@ -1078,6 +1185,7 @@ class Syncer {
       l.alive = true;
       first_sequence = l.first_sequence;
     }
+    forget_sequences(pruned);
     const std::size_t from = out.size();
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
       auto& f = fragments_[p];
@@ -1089,6 +1197,51 @@ class Syncer {
       out.push_back({m.learner, std::move(reply)});
     }
     count_out(out, from);
+  }
+
+  /// The join rate limits (SyncerConfig::join_interval, join_burst and, for a
+  /// known learner `l`, join_burst_per_learner): true, and counted against
+  /// them, if one more full-state answer fits now; else counted in joins_limited.
+  /// Caller holds members_mutex_.
+  bool join_allowed_locked(LearnerInfo* l, TimePoint now) {
+    if (!join_window_start_ || now - *join_window_start_ >= config_.join_interval) {
+      join_window_start_ = now;
+      join_window_count_ = 0;
+    }
+    if (l != nullptr && (!l->window_start || now - *l->window_start >= config_.join_interval)) {
+      l->window_start = now;
+      l->window_count = 0;
+    }
+    if (join_window_count_ >= config_.join_burst || (l != nullptr && l->window_count >= config_.join_burst_per_learner)) {
+      ++counters_.joins_limited;
+      return false;
+    }
+    ++join_window_count_;
+    if (l != nullptr) ++l->window_count;
+    return true;
+  }
+
+  /// Forgets a learner's membership entry; its per-fragment sequences go in
+  /// forget_sequences() (which takes the fragment locks this caller may not).
+  /// Later incarnations of the id are numbered above this one's. Caller holds
+  /// members_mutex_.
+  void forget_locked(typename std::map<LearnerId, LearnerInfo>::iterator it) {
+    incarnation_floor_ = std::max(incarnation_floor_, it->second.incarnation);
+    learners_.erase(it);
+    ++counters_.learners_pruned;
+  }
+
+  /// Drops the per-fragment sequences of forgotten learners, unless one of them
+  /// joined again meanwhile (its new incarnation's sequences are then kept).
+  /// Takes each fragment's lock, then the membership lock (the usual order).
+  void forget_sequences(const std::vector<LearnerId>& ids) {
+    if (ids.empty()) return;
+    for (auto& f : fragments_) {
+      std::unique_lock lock(f.mutex);
+      std::unique_lock members(members_mutex_);
+      for (LearnerId id : ids)
+        if (!learners_.contains(id)) f.last_sequence.erase(id);
+    }
   }
 
   void on_leave(const Message& m) {
@@ -1398,6 +1551,14 @@ class Syncer {
   std::map<LearnerId, TimePoint> observe_last_;
   std::optional<TimePoint> observe_window_start_;
   std::size_t observe_window_count_ = 0;
+  // Join answers of all ids in the current join_interval (under members_mutex_).
+  std::optional<TimePoint> join_window_start_;
+  std::size_t join_window_count_ = 0;
+  /// The highest incarnation of any forgotten learner (under members_mutex_):
+  /// a forgotten id's next incarnation is numbered above it. Not in
+  /// SyncerSnapshot: restore() sets it to the snapshot's join count, which no
+  /// incarnation number ever exceeds (each is issued with one join counted).
+  std::uint64_t incarnation_floor_ = 0;
 };
 
 }  // namespace ddiloco

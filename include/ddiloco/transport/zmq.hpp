@@ -202,6 +202,16 @@ struct ZmqCounters {
   std::uint64_t auth_denied = 0;          ///< ZAP refusals (unknown keys)
   std::uint64_t handshake_failures = 0;   ///< syncer: handshakes failed before ZAP (another server key, plaintext peer)
   WireCounters wire{};                    ///< decode failures by kind
+  // Memory bounds (docs/operations.md, "Memory bounds").
+  std::uint64_t send_over_budget = 0;  ///< syncer: frames not queued, the peer's or the total send budget full (also in send_dropped)
+  std::uint64_t wrong_direction = 0;   ///< frames of a type this side never receives, refused before decoding (also in decode_errors)
+  std::uint64_t disconnects = 0;       ///< syncer: connections closed, by the peer or by ZeroMQ (a frame over max_message_size, a heartbeat time-out)
+  std::uint64_t receive_pauses = 0;    ///< syncer: times the I/O thread stopped reading because incoming messages reached their bound
+  std::uint64_t peers_evicted = 0;     ///< syncer: reply routes forgotten to stay within max_peers (least recently heard first)
+  std::uint64_t send_queued_bytes = 0;   ///< syncer, now: bytes of frames queued for peers (charged against the send budgets)
+  std::uint64_t incoming_queued_bytes = 0;  ///< syncer, now: bytes of received messages not yet taken
+  std::uint64_t incoming_queued = 0;        ///< syncer, now: received messages not yet taken
+  std::uint64_t peers = 0;                  ///< syncer, now: reply routes kept (peers heard from)
 };
 
 namespace detail {
@@ -219,9 +229,48 @@ inline void set_int(void* s, int option, int value, const char* what) {
 /// lock-free queues (not instrumented), so without it ThreadSanitizer could not
 /// tell that the sender's last touch of the block comes before ZeroMQ's thread
 /// lets it go, and reported the block's later free as a race.
+/// Bytes of one queued frame charged against its peer's and the total send
+/// budget (ZmqSyncerConfig::peer_send_budget, send_budget) from send_to() until
+/// ZeroMQ has written the frame out or dropped it (then this is destroyed).
+class SendCharge {
+ public:
+  using Counter = std::shared_ptr<std::atomic<std::size_t>>;
+  SendCharge() = default;
+  SendCharge(Counter peer, Counter total, std::size_t bytes)
+      : peer_(std::move(peer)), total_(std::move(total)), bytes_(bytes) {
+    if (peer_) peer_->fetch_add(bytes_);
+    if (total_) total_->fetch_add(bytes_);
+  }
+  SendCharge(SendCharge&& o) noexcept
+      : peer_(std::move(o.peer_)), total_(std::move(o.total_)), bytes_(std::exchange(o.bytes_, 0)) {}
+  SendCharge& operator=(SendCharge&& o) noexcept {
+    if (this != &o) {
+      release();
+      peer_ = std::move(o.peer_);
+      total_ = std::move(o.total_);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  SendCharge(const SendCharge&) = delete;
+  SendCharge& operator=(const SendCharge&) = delete;
+  ~SendCharge() { release(); }
+
+ private:
+  void release() noexcept {
+    if (bytes_ == 0) return;
+    if (peer_) peer_->fetch_sub(bytes_);
+    if (total_) total_->fetch_sub(bytes_);
+    bytes_ = 0;
+  }
+  Counter peer_, total_;
+  std::size_t bytes_ = 0;
+};
+
 struct ZmqHold {
   std::mutex handoff;
   std::shared_ptr<FrameBlock> block;
+  SendCharge charge;  ///< given back with the block
 };
 
 /// Sends a pooled frame as one message without copying it: ZeroMQ holds a
@@ -230,13 +279,15 @@ struct ZmqHold {
 /// 16 MiB fragment costs a fresh 16 MiB buffer (page faults) plus the copy;
 /// bench/bench_transport.cpp measures both. Returns what zmq_msg_send returns
 /// (< 0 on failure, the block then given back here).
-inline int send_frame_zero_copy(void* socket, std::shared_ptr<FrameBlock> block, int flags) {
+inline int send_frame_zero_copy(void* socket, std::shared_ptr<FrameBlock> block, int flags,
+                                SendCharge charge = {}) {
   auto* hold = new ZmqHold;
   void* data = nullptr;
   std::size_t size = 0;
   {
     std::lock_guard lock(hold->handoff);  // released before ZeroMQ can call `release`
     hold->block = std::move(block);
+    hold->charge = std::move(charge);
     data = hold->block->data.get();
     size = hold->block->size;
   }
@@ -410,11 +461,41 @@ struct ZmqSyncerConfig {
   std::string bind = "tcp://127.0.0.1:5555";  ///< loopback by default; tcp://0.0.0.0:PORT for other hosts
   ZmqSecurity security{};
   Codec global_codec = Codec::fp32;           ///< codec of the fragments sent to learners
-  int send_hwm = 1000;                        ///< frames queued per peer before sends are refused
-  int recv_hwm = 1000;
+  /// ZMQ_SNDHWM: messages ZeroMQ queues per peer. 0 (default): derived from
+  /// peer_send_budget (the budget in frames of the smallest size), so the byte
+  /// budget is what binds.
+  int send_hwm = 0;
+  /// ZMQ_RCVHWM: messages ZeroMQ queues per connection before it stops reading
+  /// that connection (TCP then pushes back on the sender). 0 (default):
+  /// peer_receive_budget / max_message_size, at least 4 and at most 1000.
+  int recv_hwm = 0;
   Duration heartbeat_interval = std::chrono::seconds(1);
   Duration heartbeat_timeout = std::chrono::seconds(5);
   DecodeLimits limits{};
+  // ---- memory bounds (docs/operations.md, "Memory bounds"; size_for_plan()) ----
+  /// ZMQ_MAXMSGSIZE: a peer that sends a larger message is disconnected by
+  /// ZeroMQ before the message is allocated (counted in disconnects). 0: the
+  /// largest frame `limits` lets through (header + fp32 of max_elements);
+  /// size_for_plan() sets it to the largest contribution of the plan.
+  std::size_t max_message_size = 0;
+  /// Bytes of frames queued for one peer (in this transport and in ZeroMQ, not
+  /// yet written to its socket) and for all peers together; a frame beyond
+  /// either is dropped and counted (send_over_budget), so a peer that does not
+  /// read costs at most its budget.
+  std::size_t peer_send_budget = std::size_t{64} << 20;
+  std::size_t send_budget = std::size_t{1} << 30;
+  /// Bytes ZeroMQ may hold per connection in received messages (sizes
+  /// recv_hwm when that is 0).
+  std::size_t peer_receive_budget = std::size_t{64} << 20;
+  /// Received messages waiting for the syncer (receive_until): when either
+  /// bound is reached the I/O thread stops reading until the syncer takes
+  /// some; nothing is dropped (receive_pauses).
+  std::size_t incoming_max_messages = 4096;
+  std::size_t incoming_max_bytes = std::size_t{256} << 20;
+  /// Reply routes kept (one per learner id heard from); beyond this the least
+  /// recently heard are forgotten (peers_evicted) and heard again with their
+  /// next message. Bounds what a plaintext peer inventing ids can make us keep.
+  std::size_t max_peers = 4096;
   /// Contributions are handed to the syncer in their wire encoding
   /// (Message::encoded, holding the received buffer) instead of decoded to
   /// fp32: the frame is still checked here (header, sizes, checksums, valid
@@ -428,11 +509,37 @@ struct ZmqSyncerConfig {
   std::size_t refusal_log_burst = 8;
 };
 
+namespace detail {
+/// Bytes a queued message costs besides its frame (ZeroMQ's message and
+/// routing-id parts, our queue entry): charged with every frame, so even
+/// header-only frames are bounded by the byte budgets.
+inline constexpr std::size_t kQueuedMessageOverhead = 256;
+
+/// The largest frame carrying `elements` payload elements in any codec.
+inline std::size_t largest_frame(std::size_t elements) {
+  std::size_t bytes = 0;
+  for (std::uint8_t c = 0; is_valid_codec(c); ++c) bytes = std::max(bytes, encoded_size(static_cast<Codec>(c), elements));
+  return kFrameHeaderSize + bytes;
+}
+}  // namespace detail
+
+/// Sizes the receive limits of `config` from `plan`: the largest legal message
+/// a syncer receives is a contribution of the plan's largest fragment in the
+/// widest codec (fp32), so DecodeLimits::max_elements = that fragment's size
+/// and max_message_size = its frame (docs/operations.md, "Memory bounds").
+inline void size_for_plan(ZmqSyncerConfig& config, const Plan& plan) {
+  std::size_t largest = 0;
+  for (const auto& f : plan.fragments()) largest = std::max(largest, f.numel);
+  config.limits.max_elements = largest;
+  config.max_message_size = detail::largest_frame(largest);
+}
+
 /// The syncer's end: binds a ROUTER socket and serves any number of learners.
 class ZmqSyncerTransport {
  public:
   explicit ZmqSyncerTransport(ZmqSyncerConfig config, const Clock& clock)
       : config_(std::move(config)), clock_(&clock) {
+    check_bounds(config_);
     context_ = zmq_ctx_new();
     if (context_ == nullptr) throw TransportError("zmq_ctx_new failed");
     try {
@@ -445,12 +552,15 @@ class ZmqSyncerTransport {
       }
       router_ = zmq_socket(context_, ZMQ_ROUTER);
       if (router_ == nullptr) throw TransportError("ZmqSyncerTransport: cannot create the ROUTER socket");
-      if (config_.security.curve) {
+      {
         // Handshakes that fail before ZAP (a peer with another syncer key, or
         // without CURVE) are seen only by the socket monitor: logged, unnamed.
+        // Disconnections are counted (ZeroMQ closes a connection that sends a
+        // message over ZMQ_MAXMSGSIZE, and says nothing else about it).
         const std::string monitor = detail::msg("inproc://ddiloco-syncer-monitor-",
                                                 reinterpret_cast<std::uintptr_t>(this));
-        detail::zmq_check(zmq_socket_monitor(router_, monitor.c_str(), ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL),
+        detail::zmq_check(zmq_socket_monitor(router_, monitor.c_str(),
+                                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_DISCONNECTED),
                           "zmq_socket_monitor");
         monitor_ = zmq_socket(context_, ZMQ_PAIR);
         if (monitor_ == nullptr) throw TransportError("ZmqSyncerTransport: cannot create the monitor socket");
@@ -458,8 +568,10 @@ class ZmqSyncerTransport {
         detail::zmq_check(zmq_connect(monitor_, monitor.c_str()), "monitor connect");
       }
       detail::set_int(router_, ZMQ_ROUTER_MANDATORY, 1, "ZMQ_ROUTER_MANDATORY");
-      detail::set_int(router_, ZMQ_SNDHWM, config_.send_hwm, "ZMQ_SNDHWM");
-      detail::set_int(router_, ZMQ_RCVHWM, config_.recv_hwm, "ZMQ_RCVHWM");
+      detail::set_int(router_, ZMQ_SNDHWM, send_hwm(), "ZMQ_SNDHWM");
+      detail::set_int(router_, ZMQ_RCVHWM, recv_hwm(), "ZMQ_RCVHWM");
+      const auto max_message = static_cast<std::int64_t>(max_message_size());
+      detail::zmq_check(zmq_setsockopt(router_, ZMQ_MAXMSGSIZE, &max_message, sizeof max_message), "ZMQ_MAXMSGSIZE");
       detail::set_int(router_, ZMQ_LINGER, 0, "ZMQ_LINGER");
       detail::set_int(router_, ZMQ_HEARTBEAT_IVL, ms(config_.heartbeat_interval), "ZMQ_HEARTBEAT_IVL");
       detail::set_int(router_, ZMQ_HEARTBEAT_TIMEOUT, ms(config_.heartbeat_timeout), "ZMQ_HEARTBEAT_TIMEOUT");
@@ -501,15 +613,28 @@ class ZmqSyncerTransport {
   [[nodiscard]] const std::string& endpoint() const noexcept { return endpoint_; }
   [[nodiscard]] const Clock& clock() const noexcept { return *clock_; }
 
+  /// Queues m for learner `id`; false (counted) when the frame would exceed the
+  /// peer's or the total send budget: nothing is encoded then. A peer not heard
+  /// from is charged only against the total (its frame is dropped when sent).
   bool send_to(LearnerId id, Message&& m) {
+    const std::size_t charge = frame_size(m, config_.global_codec) + detail::kQueuedMessageOverhead;
+    detail::SendCharge held;
+    {
+      std::lock_guard lock(mutex_);
+      detail::SendCharge::Counter peer;
+      if (auto it = routes_.find(id); it != routes_.end()) peer = it->second.queued;
+      if ((peer && peer->load() + charge > config_.peer_send_budget) ||
+          send_queued_->load() + charge > config_.send_budget) {
+        ++counters_.send_dropped;
+        ++counters_.send_over_budget;
+        return false;
+      }
+      held = detail::SendCharge(std::move(peer), send_queued_, charge);
+    }
     std::shared_ptr<detail::FrameBlock> frame = frame_of(m);
     {
       std::lock_guard lock(mutex_);
-      if (outgoing_.size() >= static_cast<std::size_t>(config_.send_hwm) * 4) {
-        ++counters_.send_dropped;
-        return false;
-      }
-      outgoing_.push_back({id, std::move(frame)});
+      outgoing_.push_back({id, std::move(frame), std::move(held)});
     }
     wake();
     return true;
@@ -534,7 +659,27 @@ class ZmqSyncerTransport {
     std::lock_guard lock(mutex_);
     ZmqCounters c = counters_;
     c.auth_denied = denied_.load();
+    c.send_queued_bytes = send_queued_->load();
+    c.incoming_queued_bytes = incoming_bytes_;
+    c.incoming_queued = incoming_.size();
+    c.peers = routes_.size();
     return c;
+  }
+
+  /// The bounds in force (0s of the config resolved): ZMQ_SNDHWM, ZMQ_RCVHWM, ZMQ_MAXMSGSIZE.
+  [[nodiscard]] int send_hwm() const noexcept {
+    if (config_.send_hwm > 0) return config_.send_hwm;
+    const std::size_t frames = config_.peer_send_budget / (kFrameHeaderSize + detail::kQueuedMessageOverhead);
+    return static_cast<int>(std::clamp<std::size_t>(frames, 16, std::size_t{1} << 20));
+  }
+  [[nodiscard]] int recv_hwm() const noexcept {
+    if (config_.recv_hwm > 0) return config_.recv_hwm;
+    return static_cast<int>(std::clamp<std::size_t>(config_.peer_receive_budget / max_message_size(), 4, 1000));
+  }
+  [[nodiscard]] std::size_t max_message_size() const noexcept {
+    if (config_.max_message_size != 0) return config_.max_message_size;
+    return kFrameHeaderSize + 4 * static_cast<std::size_t>(std::min<std::uint64_t>(
+                                      config_.limits.max_elements, detail::kMaxCodecElements));
   }
 
   /// Connections refused since the last call (keys not on the allow-list,
@@ -546,7 +691,47 @@ class ZmqSyncerTransport {
   struct Outgoing {
     LearnerId to;
     std::shared_ptr<detail::FrameBlock> frame;
+    detail::SendCharge charge;  ///< released when ZeroMQ lets go of the frame
   };
+
+  /// Where a learner's replies go, and what is queued for it.
+  struct Route {
+    std::string rid;                    ///< ROUTER routing id of its latest connection
+    detail::SendCharge::Counter queued; ///< bytes queued for it (peer_send_budget)
+    TimePoint heard{0};                 ///< last message from it (eviction order)
+  };
+  struct Incoming {
+    Message message;
+    std::size_t bytes = 0;  ///< what it holds in memory (incoming_max_bytes)
+  };
+
+  static void check_bounds(const ZmqSyncerConfig& c) {
+    if (c.send_hwm < 0 || c.recv_hwm < 0)
+      throw InvalidArgument(detail::msg("ZmqSyncerConfig: send_hwm = ", c.send_hwm, " and recv_hwm = ", c.recv_hwm,
+                                        " must be >= 0 (0: derived from the byte budgets)"));
+    if (c.max_message_size != 0 && c.max_message_size < kFrameHeaderSize)
+      throw InvalidArgument(detail::msg("ZmqSyncerConfig::max_message_size = ", c.max_message_size,
+                                        " is below a frame header (", kFrameHeaderSize,
+                                        " bytes); use 0 (derived) or size_for_plan()"));
+    if (c.max_message_size > (std::size_t{1} << 62))
+      throw InvalidArgument(detail::msg("ZmqSyncerConfig::max_message_size = ", c.max_message_size, " is too large"));
+    const std::size_t smallest = kFrameHeaderSize + detail::kQueuedMessageOverhead;
+    if (c.peer_send_budget < smallest || c.send_budget < c.peer_send_budget)
+      throw InvalidArgument(detail::msg("ZmqSyncerConfig: peer_send_budget = ", c.peer_send_budget,
+                                        " bytes must be >= ", smallest, " and send_budget = ", c.send_budget,
+                                        " bytes >= peer_send_budget (defaults 64 MiB and 1 GiB)"));
+    if (c.peer_receive_budget == 0 || c.incoming_max_messages == 0 || c.incoming_max_bytes == 0 || c.max_peers == 0)
+      throw InvalidArgument(detail::msg("ZmqSyncerConfig: peer_receive_budget = ", c.peer_receive_budget,
+                                        ", incoming_max_messages = ", c.incoming_max_messages,
+                                        ", incoming_max_bytes = ", c.incoming_max_bytes, " and max_peers = ",
+                                        c.max_peers, " must all be > 0"));
+  }
+
+  /// True when incoming_ holds as much as it may: the I/O thread stops reading.
+  [[nodiscard]] bool incoming_full_locked() const noexcept {
+    return incoming_.size() >= config_.incoming_max_messages ||
+           (!incoming_.empty() && incoming_bytes_ >= config_.incoming_max_bytes);
+  }
 
   /// m's frame in a pooled buffer. A merge sends the same global fragment (one
   /// shared payload) to every learner: it is encoded and checksummed for the
@@ -582,8 +767,13 @@ class ZmqSyncerTransport {
 
   std::optional<Message> pop_locked() {
     if (incoming_.empty()) return std::nullopt;
-    Message m = std::move(incoming_.front());
+    Message m = std::move(incoming_.front().message);
+    incoming_bytes_ -= incoming_.front().bytes;
     incoming_.pop_front();
+    if (receive_paused_ && !incoming_full_locked()) {
+      receive_paused_ = false;
+      wake();  // the I/O thread reads again
+    }
     return m;
   }
 
@@ -594,8 +784,16 @@ class ZmqSyncerTransport {
 
   void io_loop() {
     while (!stop_.load()) {
-      zmq_pollitem_t items[3] = {
-          {router_, 0, ZMQ_POLLIN, 0}, {wake_recv_, 0, ZMQ_POLLIN, 0}, {monitor_, 0, ZMQ_POLLIN, 0}};
+      bool paused = false;
+      {
+        std::lock_guard lock(mutex_);
+        paused = receive_paused_;
+      }
+      // While incoming_ is full the router is not read: ZeroMQ's RCVHWM, then
+      // TCP, push back on the senders.
+      zmq_pollitem_t items[3] = {{router_, 0, static_cast<short>(paused ? 0 : ZMQ_POLLIN), 0},
+                                 {wake_recv_, 0, ZMQ_POLLIN, 0},
+                                 {monitor_, 0, ZMQ_POLLIN, 0}};
       zmq_poll(items, monitor_ != nullptr ? 3 : 2, 100);
       if (items[1].revents & ZMQ_POLLIN) {
         char b;
@@ -604,7 +802,7 @@ class ZmqSyncerTransport {
       }
       if (monitor_ != nullptr && (items[2].revents & ZMQ_POLLIN)) drain_monitor();
       flush_outgoing();
-      if (items[0].revents & ZMQ_POLLIN) receive_all();
+      if (!paused && (items[0].revents & ZMQ_POLLIN)) receive_all();
     }
   }
 
@@ -618,11 +816,12 @@ class ZmqSyncerTransport {
       std::string rid;
       {
         std::lock_guard lock(mutex_);
-        if (auto it = routes_.find(o.to); it != routes_.end()) rid = it->second;
+        if (auto it = routes_.find(o.to); it != routes_.end()) rid = it->second.rid;
       }
       const std::size_t size = o.frame->size;
       const bool ok = !rid.empty() && zmq_send(router_, rid.data(), rid.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
-                      detail::send_frame_zero_copy(router_, std::move(o.frame), ZMQ_DONTWAIT) >= 0;
+                      detail::send_frame_zero_copy(router_, std::move(o.frame), ZMQ_DONTWAIT, std::move(o.charge)) >= 0;
+      o.charge = detail::SendCharge{};  // a frame not sent gives its bytes back now
       std::lock_guard lock(mutex_);
       if (ok) {
         ++counters_.frames_out;
@@ -635,6 +834,14 @@ class ZmqSyncerTransport {
 
   void receive_all() {
     for (;;) {
+      {
+        std::lock_guard lock(mutex_);
+        if (incoming_full_locked()) {
+          receive_paused_ = true;
+          ++counters_.receive_pauses;
+          return;
+        }
+      }
       zmq_msg_t rid;
       zmq_msg_init(&rid);
       if (zmq_msg_recv(&rid, router_, ZMQ_DONTWAIT) < 0) {
@@ -665,6 +872,14 @@ class ZmqSyncerTransport {
         std::lock_guard lock(mutex_);
         ++counters_.frames_in;
         counters_.bytes_in += bytes.size();
+        // A type a syncer never receives (full_state, global_fragment,
+        // join_refused) is refused on its header byte, before any decoding.
+        if (!extra && bytes.size() >= kFrameHeaderSize && !syncer_receives(bytes[detail::frame_offset::type])) {
+          ++counters_.wrong_direction;
+          ++counters_.decode_errors;
+          zmq_msg_close(&rid);
+          continue;
+        }
       }
       // Decoding (validation + payload conversion) happens outside the lock.
       DecodeResult r = config_.keep_contributions_encoded ? decode_frame_keep_encoded(bytes, config_.limits, body)
@@ -681,14 +896,46 @@ class ZmqSyncerTransport {
         } else {
           // The connection this learner spoke from last is where its replies go
           // (a restarted learner comes back on a new connection).
-          routes_[r.value().learner] =
-              std::string(static_cast<const char*>(zmq_msg_data(&rid)), zmq_msg_size(&rid));
-          incoming_.push_back(std::move(r).value());
+          route_locked(r.value().learner)
+              .rid.assign(static_cast<const char*>(zmq_msg_data(&rid)), zmq_msg_size(&rid));
+          // What the message keeps alive: the received buffer (a contribution
+          // kept encoded) or its decoded payload.
+          const std::size_t held = sizeof(Incoming) + std::max(bytes.size(), r.value().payload_bytes());
+          incoming_.push_back({std::move(r).value(), held});
+          incoming_bytes_ += held;
           arrived_.notify_one();
         }
       }
       zmq_msg_close(&rid);
     }
+  }
+
+  static bool syncer_receives(std::byte type) noexcept {
+    const auto t = static_cast<MessageType>(std::to_integer<std::uint8_t>(type));
+    return t != MessageType::full_state && t != MessageType::global_fragment && t != MessageType::join_refused;
+  }
+
+  /// The route of learner `id`, made if new; evicts the least recently heard
+  /// routes (an eighth of max_peers at a time) to stay within max_peers. A
+  /// peer evicted with frames still queued keeps them charged against the
+  /// total budget. Called with mutex_ held, on the I/O thread.
+  Route& route_locked(LearnerId id) {
+    const TimePoint now = clock_->now();
+    auto it = routes_.find(id);
+    if (it == routes_.end()) {
+      if (routes_.size() >= config_.max_peers) {
+        std::vector<std::pair<TimePoint, LearnerId>> by_age;
+        by_age.reserve(routes_.size());
+        for (const auto& [peer, route] : routes_) by_age.emplace_back(route.heard, peer);
+        const std::size_t drop = std::max<std::size_t>(1, config_.max_peers / 8);
+        std::nth_element(by_age.begin(), by_age.begin() + static_cast<std::ptrdiff_t>(drop - 1), by_age.end());
+        for (std::size_t i = 0; i < drop; ++i) routes_.erase(by_age[i].second);
+        counters_.peers_evicted += drop;
+      }
+      it = routes_.emplace(id, Route{{}, std::make_shared<std::atomic<std::size_t>>(0), now}).first;
+    }
+    it->second.heard = now;
+    return it->second;
   }
 
   /// Answers a join from a listed key that claims another id with
@@ -724,6 +971,11 @@ class ZmqSyncerTransport {
       const auto e = detail::next_monitor_event(monitor_);
       if (!e) return;
       const auto [event, value] = *e;
+      if (event == ZMQ_EVENT_DISCONNECTED) {
+        std::lock_guard lock(mutex_);
+        ++counters_.disconnects;
+        continue;
+      }
       if (event != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) continue;
       {
         std::lock_guard lock(mutex_);
@@ -770,13 +1022,17 @@ class ZmqSyncerTransport {
   std::string endpoint_;
   mutable std::mutex mutex_;
   std::condition_variable arrived_;
-  std::deque<Message> incoming_;
+  std::deque<Incoming> incoming_;
+  std::size_t incoming_bytes_ = 0;  ///< sum of incoming_'s `bytes`
+  bool receive_paused_ = false;     ///< incoming_ full: the I/O thread does not read the router
   std::deque<Outgoing> outgoing_;
+  /// Bytes of all frames queued for peers (send_budget), shared with the charges.
+  detail::SendCharge::Counter send_queued_ = std::make_shared<std::atomic<std::size_t>>(0);
   std::shared_ptr<detail::FramePool> pool_ = std::make_shared<detail::FramePool>();
   std::mutex frame_cache_mutex_;
   Payload cached_payload_;                          ///< the payload of the last frame encoded ...
   std::shared_ptr<detail::FrameBlock> cached_frame_;  ///< ... and that frame (see frame_of)
-  std::map<LearnerId, std::string> routes_;  ///< learner id -> ROUTER routing id of its latest connection
+  std::map<LearnerId, Route> routes_;  ///< learner id -> its reply route (at most max_peers)
   ZmqCounters counters_{};
   std::atomic<bool> stop_{false};
   std::thread io_;
@@ -797,7 +1053,21 @@ struct ZmqLearnerConfig {
   Duration heartbeat_interval = std::chrono::seconds(1);
   Duration heartbeat_timeout = std::chrono::seconds(5);
   DecodeLimits limits{};
+  /// ZMQ_MAXMSGSIZE: a syncer that sends a larger message is disconnected
+  /// (ZeroMQ reconnects). 0: header + fp32 of limits.max_elements;
+  /// size_for_plan() sets the largest global fragment of the plan.
+  std::size_t max_message_size = 0;
 };
+
+/// Sizes the receive limits of a learner's `config` from `plan`: the largest
+/// legal frame from the syncer is a full_state or global_fragment of the plan's
+/// largest fragment, in the widest codec.
+inline void size_for_plan(ZmqLearnerConfig& config, const Plan& plan) {
+  std::size_t largest = 0;
+  for (const auto& f : plan.fragments()) largest = std::max(largest, f.numel);
+  config.limits.max_elements = largest;
+  config.max_message_size = detail::largest_frame(largest);
+}
 
 /// A learner's end: a DEALER socket connected to the syncer. Used from one thread.
 class ZmqLearnerTransport {
@@ -810,6 +1080,15 @@ class ZmqLearnerTransport {
       detail::set_int(dealer_, ZMQ_SNDHWM, config_.send_hwm, "ZMQ_SNDHWM");
       detail::set_int(dealer_, ZMQ_RCVHWM, config_.recv_hwm, "ZMQ_RCVHWM");
       detail::set_int(dealer_, ZMQ_LINGER, 0, "ZMQ_LINGER");
+      if (config_.max_message_size != 0 && config_.max_message_size < kFrameHeaderSize)
+        throw InvalidArgument(detail::msg("ZmqLearnerConfig::max_message_size = ", config_.max_message_size,
+                                          " is below a frame header (", kFrameHeaderSize,
+                                          " bytes); use 0 (derived) or size_for_plan()"));
+      const auto max_message = static_cast<std::int64_t>(
+          config_.max_message_size != 0
+              ? config_.max_message_size
+              : kFrameHeaderSize + 4 * std::min<std::uint64_t>(config_.limits.max_elements, detail::kMaxCodecElements));
+      detail::zmq_check(zmq_setsockopt(dealer_, ZMQ_MAXMSGSIZE, &max_message, sizeof max_message), "ZMQ_MAXMSGSIZE");
       detail::set_int(dealer_, ZMQ_IMMEDIATE, config_.immediate ? 1 : 0, "ZMQ_IMMEDIATE");
       detail::set_int(dealer_, ZMQ_RECONNECT_IVL, 100, "ZMQ_RECONNECT_IVL");
       detail::set_int(dealer_, ZMQ_RECONNECT_IVL_MAX, 2000, "ZMQ_RECONNECT_IVL_MAX");
@@ -1019,9 +1298,20 @@ class ZmqLearnerTransport {
         return std::nullopt;
       }
       const std::span<const std::byte> bytes(static_cast<const std::byte*>(zmq_msg_data(&body)), zmq_msg_size(&body));
-      DecodeResult r = decode_frame(bytes, config_.limits);
       ++counters_.frames_in;
       counters_.bytes_in += bytes.size();
+      // A learner receives only full_state, global_fragment and join_refused:
+      // anything else is refused on its header byte, before decoding.
+      if (bytes.size() >= kFrameHeaderSize) {
+        const auto t = static_cast<MessageType>(std::to_integer<std::uint8_t>(bytes[detail::frame_offset::type]));
+        if (t != MessageType::full_state && t != MessageType::global_fragment && t != MessageType::join_refused) {
+          zmq_msg_close(&body);
+          ++counters_.wrong_direction;
+          ++counters_.decode_errors;
+          continue;
+        }
+      }
+      DecodeResult r = decode_frame(bytes, config_.limits);
       zmq_msg_close(&body);
       counters_.wire.record(r);
       if (r.ok()) return std::move(r).value();
