@@ -40,7 +40,8 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << "learners_alive=" << s.learners_alive << "\nlearners_known=" << s.learners_known << "\njoins=" << s.joins << "\nleaves=" << s.leaves
+    out << tallies;
+    out << "learners_alive=" << s.learners_alive << "\nlearners_known=" << s.learners_known << "\njoins=" << s.joins
         << "\nmerges=" << s.merges << "\naccepted=" << s.contributions_accepted << "\nrejected=" << s.rejected_total()
         << "\njoins_refused=" << s.joins_refused << "\nobserves=" << s.observes
         << "\nobserves_limited=" << s.observes_limited << "\n";
@@ -49,8 +50,7 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
     out << "decode_errors=" << z.decode_errors << "\nauth_denied=" << z.auth_denied
         << "\nhandshake_failures=" << z.handshake_failures
         << "\nimpersonations=" << z.impersonations << "\nbytes_in=" << z.bytes_in << "\nbytes_out=" << z.bytes_out
-        << "\n"
-        << tallies;
+        << "\n";
   }
   fs::rename(tmp, path);
 }

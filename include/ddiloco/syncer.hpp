@@ -1263,9 +1263,6 @@ class Syncer {
     auto it = learners_.find(id);
     if (it == learners_.end()) {
       ++counters_.rejected[static_cast<std::size_t>(RejectReason::unknown_learner)];
-      Message who;
-      who.learner = id;
-      count_tally(who, RejectReason::unknown_learner);
       return false;
     }
     auto& l = it->second;
@@ -1342,7 +1339,10 @@ class Syncer {
     c.m = &m;
     c.now = now;
     c.per_step_norm = std::sqrt(sq) / static_cast<double>(m.steps);
-    if (!touch(m.learner, now, m.step, &c.step_time)) return std::nullopt;
+    if (!touch(m.learner, now, m.step, &c.step_time)) {  // counted unknown_learner
+      count_tally(m, RejectReason::unknown_learner);
+      return std::nullopt;
+    }
     c.weight = weights_(Counters{m.steps, m.tokens});
     c.tensor_sq = std::move(tensor_sq);
     return c;
