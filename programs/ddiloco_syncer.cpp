@@ -101,6 +101,7 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
           const std::string& zero_init, Rule rule, Opt opt) {
   SteadyClock clock;
   SyncerConfig sc;
+  sc.tally_learners = parse_ids(f.str("tally-learners"));
   sc.quorum.min_quorum = f.count("quorum");
   sc.quorum.overlap = f.count("overlap");
   sc.quorum.gamma = f.num("grace-gamma");
@@ -113,7 +114,6 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   sc.sync_every = f.count("sync-every");  // a learner with another H or tau is refused, with both named
   sc.observe_interval = std::chrono::milliseconds(f.integer("observe-interval-ms"));
   sc.observe_burst = f.count("observe-burst");
-  sc.tally_learners = parse_ids(f.str("tally-learners"));
   // The newest valid checkpoint is read before the syncer allocates its state,
   // so a refused start (all-zero parameters and nothing to resume) costs nothing.
   const std::string ckdir = f.str("checkpoint-dir");
