@@ -124,6 +124,7 @@ int main(int argc, char** argv) try {
   zc.id = static_cast<LearnerId>(f.integer("id"));
   zc.error_feedback = f.flag("error-feedback");
   zc.codec = parse_codec(f.str("codec"));
+  size_for_plan(zc, plan);  // a syncer frame larger than the plan's largest fragment cuts the connection
   if (f.flag("plaintext")) {
     zc.security = ZmqSecurity::plaintext();
   } else {

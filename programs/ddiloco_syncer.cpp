@@ -44,13 +44,17 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
     out << "learners_alive=" << s.learners_alive << "\nlearners_known=" << s.learners_known << "\njoins=" << s.joins
         << "\nmerges=" << s.merges << "\naccepted=" << s.contributions_accepted << "\nrejected=" << s.rejected_total()
         << "\njoins_refused=" << s.joins_refused << "\nobserves=" << s.observes
-        << "\nobserves_limited=" << s.observes_limited << "\n";
+        << "\nobserves_limited=" << s.observes_limited << "\njoins_limited=" << s.joins_limited
+        << "\njoins_over_capacity=" << s.joins_over_capacity << "\nlearners_pruned=" << s.learners_pruned << "\n";
     for (std::size_t i = 0; i < kRejectReasons; ++i)
       out << "rejected_" << to_string(static_cast<RejectReason>(i)) << "=" << s.rejected[i] << "\n";
     out << "decode_errors=" << z.decode_errors << "\nauth_denied=" << z.auth_denied
         << "\nhandshake_failures=" << z.handshake_failures
         << "\nimpersonations=" << z.impersonations << "\nbytes_in=" << z.bytes_in << "\nbytes_out=" << z.bytes_out
-        << "\n";
+        << "\nsend_over_budget=" << z.send_over_budget << "\nwrong_direction=" << z.wrong_direction
+        << "\ndisconnects=" << z.disconnects << "\nreceive_pauses=" << z.receive_pauses
+        << "\npeers_evicted=" << z.peers_evicted << "\nsend_queued_bytes=" << z.send_queued_bytes
+        << "\nincoming_queued_bytes=" << z.incoming_queued_bytes << "\n";
   }
   fs::rename(tmp, path);
 }
@@ -114,6 +118,10 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   sc.sync_every = f.count("sync-every");  // a learner with another H or tau is refused, with both named
   sc.observe_interval = std::chrono::milliseconds(f.integer("observe-interval-ms"));
   sc.observe_burst = f.count("observe-burst");
+  sc.max_learners = f.count("max-learners");
+  sc.join_burst = f.count("join-burst");
+  sc.join_burst_per_learner = f.count("join-burst-per-learner");
+  sc.prune_after = std::chrono::seconds(f.integer("prune-after-s"));
   // The newest valid checkpoint is read before the syncer allocates its state,
   // so a refused start (all-zero parameters and nothing to resume) costs nothing.
   const std::string ckdir = f.str("checkpoint-dir");
@@ -148,6 +156,16 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   zc.global_codec = parse_codec(f.str("global-codec"));
   // Contributions reach the merge in their wire encoding (no fp32 copy), unless asked otherwise.
   zc.keep_contributions_encoded = !f.flag("decode-contributions");
+  // Memory bounds (docs/operations.md): the largest legal frame is a contribution
+  // of the largest fragment in fp32; anything larger cuts the sender's connection.
+  size_for_plan(zc, plan);
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  // 0: as size_for_plan derived it from the model (docs/operations.md gives the formulas).
+  if (f.count("peer-send-budget-mb") != 0) zc.peer_send_budget = f.count("peer-send-budget-mb") * MiB;
+  if (f.count("send-budget-mb") != 0) zc.send_budget = f.count("send-budget-mb") * MiB;
+  if (f.count("peer-receive-budget-mb") != 0) zc.peer_receive_budget = f.count("peer-receive-budget-mb") * MiB;
+  if (f.count("incoming-max-mb") != 0) zc.incoming_max_bytes = f.count("incoming-max-mb") * MiB;
+  zc.max_peers = f.count("max-peers");
   if (f.flag("plaintext")) {
     zc.security = ZmqSecurity::plaintext();
     std::printf("syncer: WARNING: running without encryption or authentication (--plaintext)\n");
@@ -171,6 +189,8 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
 
   SyncerRuntimeConfig rc;
   rc.workers = f.count("workers");
+  rc.max_queued_bytes = f.count("queue-max-mb") != 0 ? f.count("queue-max-mb") * (std::size_t{1} << 20)
+                                                    : zc.incoming_max_bytes;
   rc.status_every = std::chrono::milliseconds(f.integer("status-every-ms"));
   rc.on_status = [&](const SyncerStatus& s) {
     const auto z = link.counters();
@@ -265,6 +285,28 @@ int main(int argc, char** argv) try {
   f.add("observe-interval-ms", "1000",
         "observers (ddiloco_learner --observe) get the global state at most once per this interval each");
   f.add("observe-burst", "4", "... and all observers together at most this many times per interval");
+  f.add("max-learners", "1024",
+        "learner ids known at once: a new id beyond this replaces the learner dead longest, or is refused "
+        "(JoinRefusal full) when all are alive");
+  f.add("prune-after-s", "300", "a learner that left or has been dead this many seconds is forgotten (its id may "
+                                "join again, in a fresh sequence space)");
+  f.add("join-burst", "64", "full-state answers to joins per second, all learners together (each is the whole "
+                            "model; the rest are dropped and answered at the learner's next retry)");
+  f.add("join-burst-per-learner", "4", "... and per learner id");
+  f.add("peer-send-budget-mb", "0",
+        "MiB of frames queued for one learner connection (one that does not read loses frames beyond this, "
+        "counted); 0: 8 full states, at least 2 of the largest frames, at most 64 MiB unless a frame needs more");
+  f.add("send-budget-mb", "0", "MiB of frames queued for all learners together; 0: 64 peer budgets, at most 1 GiB");
+  f.add("peer-receive-budget-mb", "0",
+        "MiB ZeroMQ may hold in received messages per connection (sets its receive high-water mark, at least "
+        "4 messages); 0: 2 full states");
+  f.add("incoming-max-mb", "0",
+        "MiB of received messages waiting for the syncer; beyond it the socket is not read (TCP pushes back); "
+        "0: 64 full states, at most 256 MiB, at least 4 of the largest frames");
+  f.add("queue-max-mb", "0", "MiB of contributions waiting for the merge workers; beyond it nothing more is "
+                             "taken from the socket until they drain; 0: as --incoming-max-mb");
+  f.add("max-peers", "4096", "reply routes kept (learner ids heard from); beyond it the least recently heard are "
+                             "forgotten");
   f.add("workers", "2", "merge worker threads");
   f.add("status-every-ms", "5000", "status line interval, milliseconds");
   f.add("status-file", "", "also write the latest status as key=value lines to this file");

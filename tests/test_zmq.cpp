@@ -678,3 +678,177 @@ TEST_CASE("fetch_global follows a training learner's merges, and the learner's g
   CHECK(outer.global_fragment(1).size() == s.plan.fragments()[1].numel);
   CHECK(s.syncer->status().learners_known == 1);  // the observer is not a learner
 }
+
+// ---- memory bounds (docs/operations.md, "Memory bounds") --------------------
+
+namespace {
+
+/// A bare DEALER socket on its own context, for peers that misbehave.
+struct RawPeer {
+  void* ctx = zmq_ctx_new();
+  void* socket = nullptr;
+  explicit RawPeer(const std::string& endpoint, int rcvhwm = 1000, int rcvbuf = -1) {
+    socket = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(socket, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(socket, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
+    if (rcvbuf > 0) zmq_setsockopt(socket, ZMQ_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    REQUIRE(zmq_connect(socket, endpoint.c_str()) == 0);
+  }
+  RawPeer(const RawPeer&) = delete;
+  RawPeer& operator=(const RawPeer&) = delete;
+  ~RawPeer() { close(); }
+  bool send(std::span<const std::byte> bytes, int flags = 0) {
+    return zmq_send(socket, bytes.data(), bytes.size(), flags) == static_cast<int>(bytes.size());
+  }
+  void close() {
+    if (socket != nullptr) zmq_close(socket);
+    socket = nullptr;
+    if (ctx != nullptr) zmq_ctx_term(ctx);
+    ctx = nullptr;
+  }
+};
+
+Message contribution_of(LearnerId id, std::size_t elements, std::uint64_t fingerprint = 7) {
+  Message m;
+  m.type = MessageType::contribution;
+  m.fingerprint = fingerprint;
+  m.learner = id;
+  m.steps = 1;
+  m.sequence = 1;
+  m.payload = make_payload(std::vector<float>(elements, 0.5f));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("size_for_plan bounds the syncer's and the learner's frames by the plan's largest fragment", "[zmq][bounds]") {
+  const Plan plan = make_plan({{"w", 1000, false}, {"b", 10, false}}, 2);
+  ZmqSyncerConfig s = plain_syncer();
+  size_for_plan(s, plan);
+  CHECK(s.limits.max_elements == 1000);
+  CHECK(s.max_message_size == kFrameHeaderSize + 4000);  // fp32 is the widest codec
+  ZmqLearnerConfig l = plain_learner("tcp://127.0.0.1:1", 1);
+  size_for_plan(l, plan);
+  CHECK(l.max_message_size == kFrameHeaderSize + 4000);
+  // The budgets of docs/operations.md: F = the largest frame, S = a full state.
+  const std::size_t F = kFrameHeaderSize + 4000, S = F + kFrameHeaderSize + 40;
+  CHECK(s.peer_send_budget == 8 * S);
+  CHECK(s.send_budget == 64 * 8 * S);
+  CHECK(s.peer_receive_budget == 2 * S);
+  CHECK(s.incoming_max_bytes == 64 * S);
+  ZmqSyncerTransport syncer(s, steady);
+  CHECK(syncer.max_message_size() == F);
+  CHECK(syncer.recv_hwm() == 4);  // 2 S / F = 2 messages, at least 4
+  ZmqSyncerConfig bad = plain_syncer();
+  bad.max_message_size = 10;
+  CHECK_THROWS_WITH(ZmqSyncerTransport(bad, steady), Catch::Contains("max_message_size = 10"));
+  bad = plain_syncer();
+  bad.peer_send_budget = 100;
+  CHECK_THROWS_WITH(ZmqSyncerTransport(bad, steady), Catch::Contains("peer_send_budget = 100"));
+}
+
+TEST_CASE("A frame one byte over the largest legal frame cuts its sender off, counted, while honest peers are served",
+          "[zmq][bounds]") {
+  const Plan plan = make_plan({{"w", 1000, false}, {"b", 10, false}}, 2);
+  ZmqSyncerConfig config = plain_syncer();
+  size_for_plan(config, plan);
+  ZmqSyncerTransport syncer(config, steady);
+  RawPeer raw(syncer.endpoint());
+  // The largest legal frame (a contribution of the largest fragment in fp32) is taken.
+  const auto largest = encode_frame(contribution_of(4, 1000), Codec::fp32);
+  REQUIRE(largest.size() == config.max_message_size);
+  REQUIRE(raw.send(largest));
+  auto got = syncer.receive_until(steady.now() + 10s);
+  REQUIRE(got.has_value());
+  CHECK(got->payload_size() == 1000);
+  // A frame the syncer never receives (a full_state, with a valid checksum) is
+  // refused on its type, before decoding, and the connection stays.
+  Message state = contribution_of(4, 1000);
+  state.type = MessageType::full_state;
+  REQUIRE(raw.send(encode_frame(state, Codec::fp32)));
+  REQUIRE(eventually([&] { return syncer.counters().wrong_direction == 1; }));
+  CHECK(syncer.counters().disconnects == 0);
+  // More elements than any fragment, in a codec that keeps the frame small: too_large.
+  REQUIRE(raw.send(encode_frame(contribution_of(4, 1001), Codec::int8)));
+  REQUIRE(eventually([&] { return syncer.counters().wire[WireError::too_large] == 1; }));
+  // One byte over: ZeroMQ drops the connection before allocating the message.
+  std::vector<std::byte> over(largest.size() + 1, std::byte{0});
+  std::copy(largest.begin(), largest.end(), over.begin());
+  REQUIRE(raw.send(over));
+  REQUIRE(eventually([&] { return syncer.counters().disconnects >= 1; }));
+  ZmqLearnerTransport honest(plain_learner(syncer.endpoint(), 5), steady);
+  REQUIRE(honest.send(join_message(5)));
+  got = syncer.receive_until(steady.now() + 10s);
+  REQUIRE(got.has_value());
+  CHECK(got->learner == 5);
+  CHECK(syncer.counters().frames_in == 4);  // the oversized frame never reached the syncer
+}
+
+TEST_CASE("A learner that never reads costs the syncer at most its send budget; the rest is dropped and counted",
+          "[zmq][bounds]") {
+  ZmqSyncerConfig config = plain_syncer();
+  config.peer_send_budget = std::size_t{1} << 20;
+  config.send_budget = std::size_t{4} << 20;
+  ZmqSyncerTransport syncer(config, steady);
+  // The slow peer: ZeroMQ holds one message for it and the kernel a small buffer.
+  auto slow = std::make_unique<RawPeer>(syncer.endpoint(), 1, 4096);
+  REQUIRE(slow->send(encode_frame(join_message(4), Codec::fp32)));
+  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+  ZmqLearnerTransport honest(plain_learner(syncer.endpoint(), 5), steady);
+  REQUIRE(honest.send(join_message(5)));
+  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+  const Payload fragment = make_payload(std::vector<float>(64 * 1024, 1.0f));  // 256 KiB frames
+  const auto global_for = [&](LearnerId id, std::uint64_t version) {
+    Message m;
+    m.type = MessageType::global_fragment;
+    m.fingerprint = 7;
+    m.learner = id;
+    m.version = version;
+    m.payload = fragment;
+    return m;
+  };
+  std::size_t accepted = 0, refused = 0;
+  for (std::uint64_t v = 1; v <= 1000 && refused < 8; ++v) {
+    (syncer.send_to(4, global_for(4, v)) ? accepted : refused) += 1;
+    CHECK(syncer.counters().send_queued_bytes <= config.peer_send_budget);
+  }
+  CHECK(refused == 8);  // 1000 frames (250 MiB) cannot all have gone to a peer that never reads
+  CHECK(accepted >= 3);
+  CHECK(syncer.counters().send_over_budget == refused);
+  // The honest learner is still served meanwhile.
+  REQUIRE(syncer.send_to(5, global_for(5, 1)));
+  const auto back = honest.receive_until(steady.now() + 10s);
+  REQUIRE(back.has_value());
+  CHECK(back->version == 1);
+  // When the slow peer goes, ZeroMQ drops what it held for it and the budget is given back.
+  slow.reset();
+  CHECK(eventually([&] { return syncer.counters().send_queued_bytes == 0; }));
+}
+
+TEST_CASE("While the syncer takes nothing, received messages stay within their bound and none is dropped",
+          "[zmq][bounds]") {
+  ZmqSyncerConfig config = plain_syncer();
+  config.incoming_max_messages = 16;
+  ZmqSyncerTransport syncer(config, steady);
+  RawPeer flooder(syncer.endpoint());
+  Message hb = join_message(4);
+  hb.type = MessageType::heartbeat;
+  const auto frame = encode_frame(hb, Codec::fp32);
+  std::size_t sent = 0;
+  for (int i = 0; i < 5000; ++i) sent += flooder.send(frame, ZMQ_DONTWAIT) ? 1 : 0;
+  REQUIRE(sent > 16);
+  // The I/O thread stops reading at the bound instead of draining the socket.
+  REQUIRE(eventually([&] { return syncer.counters().receive_pauses >= 1; }));
+  CHECK(syncer.counters().incoming_queued == 16);
+  // Taking messages resumes reading; every frame sent arrives, and the queue
+  // never holds more than its bound.
+  std::size_t received = 0;
+  while (received < sent) {
+    CHECK(syncer.counters().incoming_queued <= 16);
+    if (!syncer.receive_until(steady.now() + 10s)) break;
+    ++received;
+  }
+  CHECK(received == sent);
+  CHECK(syncer.counters().decode_errors == 0);
+}

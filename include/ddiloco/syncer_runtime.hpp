@@ -26,10 +26,18 @@
 // while a merge or a batch of their fragment is running are folded together
 // and land in ONE merge, even at K = 1 (see Syncer::handle_batch). When the
 // workers keep up, batches hold one contribution and nothing changes.
+//
+// Bounded: the contributions queued for the workers (all fragments together)
+// are at most SyncerRuntimeConfig::max_queued messages and max_queued_bytes
+// bytes, plus the one message that crosses the bound. While they are over, the
+// receive thread takes nothing more from the transport (it keeps ticking the
+// syncer): the transport's own bound then stops it reading the network, and
+// TCP pushes back on the senders (docs/operations.md, "Memory bounds").
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -49,6 +57,10 @@ struct SyncerRuntimeConfig {
   Duration poll = std::chrono::milliseconds(50);  ///< longest sleep between two looks at the clock
   Duration status_every = std::chrono::seconds(5);
   std::function<void(const SyncerStatus&)> on_status;  ///< progress output (optional)
+  /// Contributions waiting for the workers, all fragments together: beyond
+  /// either bound the receive thread stops taking messages until they drain.
+  std::size_t max_queued = 4096;
+  std::size_t max_queued_bytes = std::size_t{256} << 20;
 };
 
 template <class SyncerT, class Transport>
@@ -61,6 +73,10 @@ class SyncerRuntime {
         config_(std::move(config)),
         pool_(config_.workers),
         scheduled_(syncer.plan().num_fragments()) {
+    if (config_.max_queued == 0 || config_.max_queued_bytes == 0)
+      throw InvalidArgument(detail::msg("SyncerRuntimeConfig: max_queued = ", config_.max_queued,
+                                        " and max_queued_bytes = ", config_.max_queued_bytes,
+                                        " must be > 0 (defaults 4096 and 256 MiB)"));
     for (auto& s : scheduled_) s.store(false);
     queues_.reserve(syncer.plan().num_fragments());
     for (std::size_t p = 0; p < syncer.plan().num_fragments(); ++p) queues_.push_back(std::make_unique<Queue>());
@@ -100,6 +116,11 @@ class SyncerRuntime {
       const std::size_t p = m.fragment;
       Queue& q = *queues_[p];
       {
+        std::lock_guard room(room_mutex_);
+        ++queued_;
+        queued_bytes_ += queued_size(m);
+      }
+      {
         std::lock_guard lock(q.mutex);
         q.pending.push_back(std::move(m));
         if (q.scheduled) return;  // the pending or running drain will take it
@@ -118,6 +139,13 @@ class SyncerRuntime {
   void wait_idle() { pool_.wait_idle(); }
 
   [[nodiscard]] std::uint64_t send_failures() const noexcept { return send_failures_.load(); }
+  /// Times the receive thread paused because the queued contributions reached
+  /// their bound, and what is queued now (messages, bytes).
+  [[nodiscard]] std::uint64_t receive_pauses() const noexcept { return receive_pauses_.load(); }
+  [[nodiscard]] std::pair<std::size_t, std::size_t> queued() const {
+    std::lock_guard room(room_mutex_);
+    return {queued_, queued_bytes_};
+  }
   [[nodiscard]] std::size_t task_failures() const noexcept { return pool_.failures(); }
 
  private:
@@ -125,6 +153,26 @@ class SyncerRuntime {
     for (auto& o : out)
       if (!transport_->send_to(o.to, std::move(o.message))) send_failures_.fetch_add(1);
     out.clear();
+  }
+
+  /// What a queued contribution holds in memory.
+  static std::size_t queued_size(const Message& m) noexcept { return sizeof(Message) + m.payload_bytes(); }
+
+  /// The queued contributions are at their bound. Caller holds room_mutex_.
+  [[nodiscard]] bool full_locked() const noexcept {
+    return queued_ >= config_.max_queued || queued_bytes_ >= config_.max_queued_bytes;
+  }
+
+  /// Handled contributions leave the bound.
+  void release(const std::vector<Message>& batch) {
+    std::size_t bytes = 0;
+    for (const Message& m : batch) bytes += queued_size(m);
+    {
+      std::lock_guard room(room_mutex_);
+      queued_ -= batch.size();
+      queued_bytes_ -= bytes;
+    }
+    room_.notify_all();
   }
 
   struct Queue {
@@ -157,11 +205,13 @@ class SyncerRuntime {
         syncer_->handle_batch(batch, out);
       } catch (...) {
         // A throwing batch is counted by the pool; keep the queue alive.
+        release(batch);
         batch.clear();
         flush(out);
         finish_or_resubmit(q, p);
         throw;
       }
+      release(batch);
       batch.clear();
       flush(out);
       if (pool_.size() > 0) return finish_or_resubmit(q, p);
@@ -186,7 +236,19 @@ class SyncerRuntime {
     while (!st.stop_requested()) {
       TimePoint deadline = clock.now() + config_.poll;
       if (auto wake = syncer_->next_wakeup(); wake && *wake < deadline) deadline = *wake;
-      if (auto m = transport_->receive_until(deadline)) deliver(std::move(*m));
+      bool full = false;
+      {
+        std::unique_lock room(room_mutex_);
+        if (full_locked()) {
+          // Back-pressure: leave the messages in the transport until the
+          // workers drain (at most one poll interval, then tick again).
+          full = true;
+          receive_pauses_.fetch_add(1);
+          room_.wait_for(room, config_.poll, [&] { return !full_locked() || st.stop_requested(); });
+        }
+      }
+      if (!full)
+        if (auto m = transport_->receive_until(deadline)) deliver(std::move(*m));
       syncer_->expire_learners();
       const TimePoint now = clock.now();
       for (std::size_t p : syncer_->due_fragments(now)) {
@@ -212,6 +274,10 @@ class SyncerRuntime {
   std::vector<std::atomic<bool>> scheduled_;   ///< per fragment: a merge task is queued
   std::vector<std::unique_ptr<Queue>> queues_;  ///< per fragment: contributions waiting for a drain
   std::atomic<std::uint64_t> send_failures_{0};
+  mutable std::mutex room_mutex_;  ///< guards queued_ and queued_bytes_
+  std::condition_variable room_;   ///< notified when queued contributions are handled
+  std::size_t queued_ = 0, queued_bytes_ = 0;
+  std::atomic<std::uint64_t> receive_pauses_{0};
   std::jthread thread_;
 };
 

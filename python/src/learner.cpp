@@ -200,6 +200,7 @@ class LearnerCore {
     zc.id = o.id;
     zc.codec = parse_codec(o.codec);
     zc.error_feedback = o.error_feedback;
+    size_for_plan(zc, *plan_);  // a syncer frame larger than the largest fragment's cuts the connection
     zc.security = security_of("ddiloco.Learner", o.plaintext, o.keys, o.server_key, "server_key='syncer.pub'");
     if (zc.security.curve) {
       zc.security.own = read_key_file(o.keys);

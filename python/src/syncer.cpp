@@ -135,6 +135,7 @@ class SyncerCore {
     zc.bind = o.bind;
     zc.global_codec = parse_codec(o.global_codec);
     zc.keep_contributions_encoded = true;
+    size_for_plan(zc, plan);  // memory bounds from the model (docs/operations.md, "Memory bounds")
     zc.security = security_of("ddiloco.Syncer", o.plaintext, o.keys, o.allow, "allow='allow.txt'");
     if (zc.security.curve) {
       zc.security.own = read_key_file(o.keys);

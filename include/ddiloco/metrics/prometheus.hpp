@@ -196,6 +196,11 @@ class SyncerMetrics {
     joins_ = total("joins_total", "Learner joins (a new incarnation of a learner id).");
     leaves_ = total("leaves_total", "Learners that left with a leave message.");
     deaths_ = total("deaths_total", "Learners declared dead after the heartbeat time-out.");
+    joins_limited_ = total("joins_limited_total",
+                           "Joins dropped unanswered by the join rate limits or as repeats of an answered join.");
+    joins_full_ = total("joins_over_capacity_total",
+                        "Joins refused because the syncer knows its maximum of learners, all alive.");
+    pruned_ = total("learners_pruned_total", "Departed learners forgotten (after the prune time, or to make room).");
     in_ = total("message_received_bytes_total", "Bytes of the messages the syncer handled (header + payload).");
     out_ = total("message_sent_bytes_total", "Bytes of the messages the syncer queued for learners (header + payload).");
     auto& rejected = counter_family(r, "ddiloco_syncer_contributions_rejected_total",
@@ -263,6 +268,10 @@ class SyncerMetrics {
       auth_denied_->set(transport.auth_denied);
       impersonations_->set(transport.impersonations);
     }
+    if constexpr (requires { transport.send_over_budget; transport.send_queued_bytes; }) {
+      if (!bounds_) bounds_.emplace(*registry_);
+      bounds_->set(transport);
+    }
   }
 
   /// A checkpoint was written successfully now.
@@ -294,6 +303,9 @@ class SyncerMetrics {
     joins_.set(s.joins, count);
     leaves_.set(s.leaves, count);
     deaths_.set(s.deaths, count);
+    joins_limited_.set(s.joins_limited, count);
+    joins_full_.set(s.joins_over_capacity, count);
+    pruned_.set(s.learners_pruned, count);
     in_.set(s.bytes_in, count);
     out_.set(s.bytes_out, count);
     for (std::size_t i = 0; i < kRejectReasons; ++i) rejected_[i].set(s.rejected[i], count);
@@ -322,11 +334,50 @@ class SyncerMetrics {
       version_gauges_[p]->Set(static_cast<double>(s.fragments[p].version));
   }
 
+  /// The transport's memory-bound series (ZmqCounters, docs/operations.md "Memory bounds").
+  struct BoundSeries {
+    explicit BoundSeries(prometheus::Registry& r) {
+      auto total = [&](const char* name, const char* help) {
+        return detail::TotalCounter(detail::counter_family(r, std::string("ddiloco_syncer_") + name, help).Add({}));
+      };
+      auto gauge = [&](const char* name, const char* help) -> prometheus::Gauge& {
+        return detail::gauge_family(r, std::string("ddiloco_syncer_") + name, help).Add({});
+      };
+      over_budget = total("frames_over_budget_total",
+                          "Frames not queued: the learner's or the total send budget was full (a slow reader).");
+      wrong_direction = total("frames_wrong_direction_total",
+                              "Received frames of a type a syncer never receives, refused before decoding.");
+      disconnects = total("disconnects_total",
+                          "Connections closed (by the peer, a heartbeat time-out, or a message over the maximum size).");
+      pauses = total("receive_pauses_total", "Times the syncer stopped reading its socket: received messages at their bound.");
+      evicted = total("peers_evicted_total", "Reply routes forgotten to stay within --max-peers.");
+      send_queued = &gauge("send_queued_bytes", "Bytes of frames queued for learners, not yet written to their sockets.");
+      incoming_queued = &gauge("incoming_queued_bytes", "Bytes of received messages waiting for the syncer.");
+      peers = &gauge("peers", "Reply routes kept (learner ids heard from).");
+    }
+    template <class C>
+    void set(const C& c) {
+      over_budget.set(c.send_over_budget);
+      wrong_direction.set(c.wrong_direction);
+      disconnects.set(c.disconnects);
+      pauses.set(c.receive_pauses);
+      evicted.set(c.peers_evicted);
+      send_queued->Set(static_cast<double>(c.send_queued_bytes));
+      incoming_queued->Set(static_cast<double>(c.incoming_queued_bytes));
+      peers->Set(static_cast<double>(c.peers));
+    }
+    detail::TotalCounter over_budget, wrong_direction, disconnects, pauses, evicted;
+    prometheus::Gauge* send_queued = nullptr;
+    prometheus::Gauge* incoming_queued = nullptr;
+    prometheus::Gauge* peers = nullptr;
+  };
+
   std::mutex mutex_;
   prometheus::Registry* registry_;
   std::optional<detail::TransportSeries> transport_;  ///< registered at the first update with transport counters
+  std::optional<BoundSeries> bounds_;                  ///< likewise, for a transport with memory-bound counters
   detail::TotalCounter merges_, grace_waits_, deadline_merges_, accepted_, joins_, leaves_, deaths_, in_, out_,
-      checkpoints_;
+      checkpoints_, joins_limited_, joins_full_, pruned_;
   std::array<detail::TotalCounter, kRejectReasons> rejected_{};
   std::optional<detail::TotalCounter> auth_denied_, impersonations_;
   prometheus::Gauge* alive_ = nullptr;

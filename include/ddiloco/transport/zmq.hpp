@@ -478,10 +478,11 @@ struct ZmqSyncerConfig {
   /// largest frame `limits` lets through (header + fp32 of max_elements);
   /// size_for_plan() sets it to the largest contribution of the plan.
   std::size_t max_message_size = 0;
-  /// Bytes of frames queued for one peer (in this transport and in ZeroMQ, not
-  /// yet written to its socket) and for all peers together; a frame beyond
-  /// either is dropped and counted (send_over_budget), so a peer that does not
-  /// read costs at most its budget.
+  /// Bytes of frames queued for one peer connection (every learner id that
+  /// speaks on it together; in this transport and in ZeroMQ, not yet written
+  /// to its socket) and for all peers together; a frame beyond either is
+  /// dropped and counted (send_over_budget), so a peer that does not read
+  /// costs at most its budget.
   std::size_t peer_send_budget = std::size_t{64} << 20;
   std::size_t send_budget = std::size_t{1} << 30;
   /// Bytes ZeroMQ may hold per connection in received messages (sizes
@@ -523,15 +524,29 @@ inline std::size_t largest_frame(std::size_t elements) {
 }
 }  // namespace detail
 
-/// Sizes the receive limits of `config` from `plan`: the largest legal message
-/// a syncer receives is a contribution of the plan's largest fragment in the
-/// widest codec (fp32), so DecodeLimits::max_elements = that fragment's size
-/// and max_message_size = its frame (docs/operations.md, "Memory bounds").
+/// Sizes the bounds of `config` from `plan` (docs/operations.md, "Memory
+/// bounds"); set your own budgets after calling it. With F the largest frame
+/// (a contribution or global of the plan's largest fragment in fp32, the widest
+/// codec) and S a full state in fp32 (every fragment's frame):
+///   limits.max_elements = the largest fragment's elements, max_message_size = F;
+///   peer_send_budget    = max(2 F, min(8 S, 64 MiB));
+///   send_budget         = max(peer_send_budget, min(64 peer_send_budget, 1 GiB));
+///   peer_receive_budget = 2 S (ZMQ_RCVHWM = max(4, 2 S / F) messages);
+///   incoming_max_bytes  = max(4 F, min(64 S, 256 MiB)).
 inline void size_for_plan(ZmqSyncerConfig& config, const Plan& plan) {
-  std::size_t largest = 0;
-  for (const auto& f : plan.fragments()) largest = std::max(largest, f.numel);
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  std::size_t largest = 0, state = 0;
+  for (const auto& f : plan.fragments()) {
+    largest = std::max(largest, f.numel);
+    state += detail::largest_frame(f.numel);
+  }
+  const std::size_t frame = detail::largest_frame(largest);
   config.limits.max_elements = largest;
-  config.max_message_size = detail::largest_frame(largest);
+  config.max_message_size = frame;
+  config.peer_send_budget = std::max(2 * frame, std::min(8 * state, 64 * MiB));
+  config.send_budget = std::max(config.peer_send_budget, std::min(64 * config.peer_send_budget, 1024 * MiB));
+  config.peer_receive_budget = 2 * state;
+  config.incoming_max_bytes = std::max(4 * frame, std::min(64 * state, 256 * MiB));
 }
 
 /// The syncer's end: binds a ROUTER socket and serves any number of learners.
@@ -697,7 +712,7 @@ class ZmqSyncerTransport {
   /// Where a learner's replies go, and what is queued for it.
   struct Route {
     std::string rid;                    ///< ROUTER routing id of its latest connection
-    detail::SendCharge::Counter queued; ///< bytes queued for it (peer_send_budget)
+    detail::SendCharge::Counter queued; ///< bytes queued on its connection (peer_send_budget)
     TimePoint heard{0};                 ///< last message from it (eviction order)
   };
   struct Incoming {
@@ -896,8 +911,12 @@ class ZmqSyncerTransport {
         } else {
           // The connection this learner spoke from last is where its replies go
           // (a restarted learner comes back on a new connection).
-          route_locked(r.value().learner)
-              .rid.assign(static_cast<const char*>(zmq_msg_data(&rid)), zmq_msg_size(&rid));
+          Route& route = route_locked(r.value().learner);
+          if (route.rid.size() != zmq_msg_size(&rid) ||
+              std::memcmp(route.rid.data(), zmq_msg_data(&rid), route.rid.size()) != 0) {
+            route.rid.assign(static_cast<const char*>(zmq_msg_data(&rid)), zmq_msg_size(&rid));
+            route.queued = connection_budget_locked(route.rid);
+          }
           // What the message keeps alive: the received buffer (a contribution
           // kept encoded) or its decoded payload.
           const std::size_t held = sizeof(Incoming) + std::max(bytes.size(), r.value().payload_bytes());
@@ -932,10 +951,24 @@ class ZmqSyncerTransport {
         for (std::size_t i = 0; i < drop; ++i) routes_.erase(by_age[i].second);
         counters_.peers_evicted += drop;
       }
-      it = routes_.emplace(id, Route{{}, std::make_shared<std::atomic<std::size_t>>(0), now}).first;
+      it = routes_.emplace(id, Route{{}, nullptr, now}).first;
     }
     it->second.heard = now;
     return it->second;
+  }
+
+  /// The send budget of one connection (routing id), shared by every learner id
+  /// that speaks on it: a peer inventing ids on one connection gets one
+  /// peer_send_budget, not one per id. Entries nobody holds any more (no
+  /// route, no queued frame) are dropped once there are more than max_peers.
+  /// Called with mutex_ held.
+  detail::SendCharge::Counter connection_budget_locked(const std::string& rid) {
+    auto& counter = connections_[rid];
+    if (!counter) counter = std::make_shared<std::atomic<std::size_t>>(0);
+    detail::SendCharge::Counter held = counter;
+    if (connections_.size() > config_.max_peers)
+      std::erase_if(connections_, [](const auto& kv) { return kv.second.use_count() == 1; });
+    return held;
   }
 
   /// Answers a join from a listed key that claims another id with
@@ -1033,6 +1066,7 @@ class ZmqSyncerTransport {
   Payload cached_payload_;                          ///< the payload of the last frame encoded ...
   std::shared_ptr<detail::FrameBlock> cached_frame_;  ///< ... and that frame (see frame_of)
   std::map<LearnerId, Route> routes_;  ///< learner id -> its reply route (at most max_peers)
+  std::map<std::string, detail::SendCharge::Counter> connections_;  ///< routing id -> bytes queued on it
   ZmqCounters counters_{};
   std::atomic<bool> stop_{false};
   std::thread io_;
