@@ -17,15 +17,13 @@ source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/attack_lib.sh"
 
 clean_phase --plaintext
-# What contributions hold does not change what the syncer keeps: the bound is
-# the clean peak twice over plus 64 copies of the model (docs/security.md).
-RSS_BOUND=$(awk -v c="$CLEAN_HWM" -v m="$MODEL_MIB" 'BEGIN {printf "%.1f\n", 2 * c + 64 * m}')
 
 # attack_phase NAME ATTACKER_FLAGS...: a phase with the attacker (learner 100)
 # started at ATTACK_FROM; the syncer's flags are SYNCER_FLAGS.
 attack_phase() {
   local name=$1
   shift
+  RSS_BOUND=$(rss_bound 3)  # two honest learners and the attacker
   start_phase "$name" "${SYNCER_FLAGS[@]}"
   mark_window_start "$name"
   start_attacker "$name" --id 100 --report-every 10 "$@"
@@ -41,8 +39,9 @@ SYNCER_FLAGS=(--plaintext)
 attack_phase poison --attack poison --rate 20
 attack_phase contribution_flood --attack contribution-flood --rate 200 --nan-every 2
 
-make_keys syncer l0 l1 attacker
-{ for i in 0 1; do echo "$i $(public_key "l$i")"; done; echo "100 $(public_key attacker)"; } >"$WORK/keys/allow"
+make_keys syncer l0 l1 l50 attacker
+# Learner 50 is the observer that scores the global model.
+{ for i in 0 1 50; do echo "$i $(public_key "l$i")"; done; echo "100 $(public_key attacker)"; } >"$WORK/keys/allow"
 SYNCER_FLAGS=(--keys "$WORK/keys/syncer.key" --allow "$WORK/keys/allow")
 learner_flags() { echo --keys "$WORK/keys/l$1.key" --server-key "$WORK/keys/syncer.pub"; }
 attack_phase poison_curve --attack poison --rate 20 --keys "$WORK/keys/attacker.key" --server-key "$WORK/keys/syncer.pub"

@@ -5,13 +5,15 @@
 # status file counts the two honest learners' contributions one by one) and
 # two honest learners (ids 0 and 1) that train until the test stops them.
 # The clean phase measures the reference figures; an attack phase starts the
-# attack at honest step ATTACK_FROM and measures, over the same window of
-# honest steps (ATTACK_FROM .. MEASURE_AT) as the clean phase:
+# attack once the honest learners have 2 x ATTACK_FROM steps together and
+# measures, over the same window of honest steps (2 x ATTACK_FROM .. 2 x
+# MEASURE_AT, summed over both learners) as the clean phase:
 #   - merges per honest step (the status file's merges over the sum of the
 #     honest learners' step counters, both read from the same status write,
 #     so the ratio does not depend on how fast the machine is);
 #   - the syncer's peak RSS (VmHWM);
-#   - the honest learners' mean validation loss at step MEASURE_AT;
+#   - the validation loss of the global model at the window's end (an
+#     observer's fetch, with the learners frozen);
 #   - the honest learners' rejections, by reason.
 # What it is not: a test (the scripts that source it are).
 #
@@ -25,8 +27,6 @@ MEASURE_AT=${MEASURE_AT:-2000}
 MERGE_RATE_MIN=0.80  # merges per honest step, against the clean phase
 LOSS_TOLERANCE=0.02  # honest validation loss, relative to the clean phase
 
-# learners_at STEP NAME: both honest learners' step counters, as syncer NAME last saw them, >= STEP.
-learners_at() { status_at_least learner_0_step "$2" "$1" && status_at_least learner_1_step "$2" "$1"; }
 
 # snapshot NAME: "merges honest_steps" from one read of syncer NAME's status file.
 snapshot() {
@@ -37,8 +37,18 @@ snapshot() {
 # hwm_mib PID: the process's peak resident set (VmHWM), MiB.
 hwm_mib() { awk '$1 == "VmHWM:" {printf "%.1f\n", $2 / 1024}' "/proc/$1/status"; }
 
-# val_at LOG STEP: the validation loss on the learner's progress line of STEP.
-val_at() { grep -o "step $2 train [0-9.]* val [0-9.e+]*" "$WORK/$1.log" | head -n 1 | awk '{print $6}'; }
+
+# rss_bound CONNECTIONS: the syncer's memory bound, MiB, for a phase with that
+# many open connections (docs/operations.md, "Memory bounds"; docs/security.md):
+#   RSS <= R0 + send budget + 2 x (incoming bound + F) + C x (RCVHWM + 1) x F + membership
+# with the budgets the syncer derives from the plan: send budget 64 peer
+# budgets of 8 S, incoming bound 64 S, F <= S (S: a full state, the model in
+# fp32), RCVHWM = 4, membership under 1 MiB. So
+#   RSS <= R0 + 1 MiB + (642 + 5 C) x M,
+# M the model's fp32 size and R0 the clean phase's peak (the syncer's own state).
+rss_bound() {
+  awk -v r="$CLEAN_HWM" -v m="$MODEL_MIB" -v c="$1" 'BEGIN {printf "%.1f\n", r + 1 + (642 + 5 * c) * m}'
+}
 
 # model_mib NAME: the model's fp32 size, MiB, from syncer NAME's first line.
 model_mib() {
@@ -76,11 +86,6 @@ start_attacker() {
 # rejections NAME: the syncer's non-zero rejection reasons, on one line.
 rejections() { grep -E '^rejected_[a-z_]+=[1-9]' "$WORK/$1.status" | tr '\n' ' ' || true; }
 
-# end_phase NAME: waits until both learners printed step MEASURE_AT, stops
-# them and the syncer, and sets RATE (merges per honest step over the window),
-# HWM (MiB), VAL (mean validation loss at MEASURE_AT), HONEST_REJECTED and
-# HONEST_REASONS (non-zero reasons), from the window's snapshots
-# WINDOW_START / WINDOW_END ("merges steps").
 # RSS_BOUND (MiB), when set, is also watched while the phase runs: a syncer
 # over it fails the test at once (before the host runs out of memory).
 rss_guard() {
@@ -98,35 +103,62 @@ loss_guard() {
     v=$(grep -o ' val [^ ]*' "$WORK/$1-l$i.log" 2>/dev/null | tail -n 1 | awk '{print $2}')
     [ -z "$v" ] && continue
     { [[ $v =~ ^[0-9.]+$ ]] && less_than "$v" "$(awk -v c="$CLEAN_VAL" 'BEGIN {print 10 * c}')"; } ||
-      fail "$1: honest learner $i is at validation loss $v (clean phase: $CLEAN_VAL at step $MEASURE_AT)" \
+      fail "$1: honest learner $i is at validation loss $v (clean phase's global model: $CLEAN_VAL)" \
         "(rejected: $(rejections "$1"))"
   done
 }
-reached_or_guard() {
-  rss_guard "$2"
-  loss_guard "$2"
-  learners_at "$1" "$2"
-}
-end_phase() {
-  local name=$1 i pid
-  wait_until 240 "the honest learners of $name to reach step $MEASURE_AT" reached_or_guard "$MEASURE_AT" "$name"
-  WINDOW_END=$(snapshot "$name")
+# honest_steps NAME: the sum of the honest learners' step counters as syncer NAME last saw them.
+honest_steps() { echo $(($(status learner_0_step "$1") + $(status learner_1_step "$1"))); }
+honest_steps_at_least() { [ "$(honest_steps "$1")" -ge "$2" ]; }
+# freeze_at NAME: freezes (SIGSTOP) each honest learner of phase NAME once it
+# has printed its progress line of step MEASURE_AT, so both end the phase at
+# about the same step (how the steps split between them moves the global
+# model's loss by several percent); true when both are frozen.
+declare -a FROZEN
+freeze_at() {
+  local i all=0
+  rss_guard "$1"
+  loss_guard "$1"
   for i in 0 1; do
-    wait_until 60 "learner $i of $name to print step $MEASURE_AT" \
-      lines_at_least "$name-l$i" "learner $i: step $MEASURE_AT " 1
+    if [ -z "${FROZEN[i]:-}" ] && log_has "$1-l$i" "learner $i: step $MEASURE_AT "; then
+      kill -STOP "${PHASE_LEARNERS[i]}"
+      FROZEN[i]=1
+    fi
+    [ -z "${FROZEN[i]:-}" ] || all=$((all + 1))
   done
-  HWM=$(hwm_mib "$SYNCER_PID")
+  [ "$all" = 2 ]
+}
+# end_phase NAME: freezes each honest learner at step MEASURE_AT (freeze_at), stops the attacker, waits for a quiet
+# syncer, has an observer (id 50) score the global model, then stops
+# everything. Sets RATE (merges per honest step from WINDOW_START to
+# WINDOW_END, snapshots "merges steps"), HWM (MiB), VAL (the global model's
+# validation loss, 2048 examples), HONEST_ACCEPTED, HONEST_STALE,
+# HONEST_REJECTED and HONEST_REASONS (the non-zero reasons).
+end_phase() {
+  local name=$1 pid
+  FROZEN=()
+  wait_until 240 "the honest learners of $name to reach step $MEASURE_AT" freeze_at "$name"
+  # Frozen, they send nothing more. The syncer has handled what they sent once
+  # its counts stay the same over 5 status writes.
   if [ -n "${ATTACK_PID:-}" ]; then
     kill -TERM "$ATTACK_PID" 2>/dev/null || true
     wait_until 30 "the attacker to stop" exited "$ATTACK_PID"
     ATTACK_PID=
   fi
-  # The learners are frozen (they send nothing more) and the syncer has
-  # handled what they sent once its counts stay the same over 5 status writes.
-  for pid in "${PHASE_LEARNERS[@]}"; do kill -STOP "$pid" 2>/dev/null || true; done
   QUIET_LAST="" QUIET_SEEN=0
   wait_until 30 "the syncer of $name to handle what the learners sent" quiet "$name"
+  WINDOW_END=$(snapshot "$name")
+  # The global model as the syncer holds it, scored by an observer.
+  # shellcheck disable=SC2046
+  "$LEARNER" --observe --observe-count 1 --connect "$ENDPOINT" --id 50 --eval-examples 2048 \
+    $(learner_flags 50) >>"$WORK/$name-observer.log" 2>&1 &
+  pid=$!
+  PIDS+=("$pid")
+  expect_clean_exit "the observer of $name" "$pid"
+  VAL=$(grep -o 'val-global [0-9.]*' "$WORK/$name-observer.log" | tail -n 1 | awk '{print $2}')
+  [ -n "$VAL" ] || fail "the observer of $name printed no val-global"
   for pid in "${PHASE_LEARNERS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  HWM=$(hwm_mib "$SYNCER_PID")
   # A stale contribution is answered with the current fragment and its learner
   # rebases: a learner far slower than the other (a loaded machine) has one
   # now and then in a clean run too. So stale ones may be up to 1% of the
@@ -139,7 +171,6 @@ end_phase() {
   kill -9 "$SYNCER_PID"
   wait "$SYNCER_PID" 2>/dev/null || true
   RATE=$(echo "$WINDOW_START $WINDOW_END" | awk '{printf "%.4f\n", ($3 - $1) / ($4 - $2)}')
-  VAL=$(for i in 0 1; do val_at "$name-l$i" "$MEASURE_AT"; done | awk '{s += $1; n++} END {printf "%.4f\n", s / n}')
 }
 
 # quiet NAME: true once syncer NAME's accepted and rejected counts have been
@@ -151,9 +182,10 @@ quiet() {
   [ "$QUIET_SEEN" -ge 5 ]
 }
 
-# mark_window_start NAME: waits for honest step ATTACK_FROM and takes WINDOW_START.
+# mark_window_start NAME: waits for 2 x ATTACK_FROM honest steps and takes WINDOW_START.
 mark_window_start() {
-  wait_until 120 "the honest learners of $1 to reach step $ATTACK_FROM" learners_at "$ATTACK_FROM" "$1"
+  wait_until 120 "the honest learners of $1 to reach $((2 * ATTACK_FROM)) steps together" \
+    honest_steps_at_least "$1" "$((2 * ATTACK_FROM))"
   WINDOW_START=$(snapshot "$1")
 }
 
@@ -165,7 +197,8 @@ clean_phase() {
   [ "$HONEST_REJECTED" -eq 0 ] || fail "honest contributions rejected without any attack: $HONEST_REASONS"
   CLEAN_RATE=$RATE CLEAN_HWM=$HWM CLEAN_VAL=$VAL
   MODEL_MIB=$(model_mib clean)
-  note "clean: $RATE merges per honest step, peak RSS $HWM MiB, val $VAL at step $MEASURE_AT (model $MODEL_MIB MiB)"
+  note "clean: $RATE merges per honest step, peak RSS $HWM MiB, global val $VAL at $((2 * MEASURE_AT)) honest steps" \
+    "(model $MODEL_MIB MiB)"
 }
 
 # check_phase NAME RSS_BOUND_MIB: the attack phase's figures against the bounds.

@@ -8,7 +8,8 @@
 #   slow_reader       32 peers (ids 200..231) that join and never read;
 #   huge_frame        one full_state frame of 512 MiB with a valid CRC.
 # Each phase asserts what attack_lib.sh's check_phase does: the syncer's peak
-# RSS under its bound (watched all along: over it fails at once), merges per
+# RSS under its bound (rss_bound: the memory bounds' formula for the phase's
+# connections, watched all along: over it fails at once), merges per
 # honest step >= 80% of the clean phase's, honest validation loss within 2%,
 # no honest contribution rejected, every rejection counted under a reason.
 # Usage: attack_resources.sh SYNCER LEARNER KEYGEN CHAOS_CLIENT ATTACKER
@@ -16,16 +17,15 @@ source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/attack_lib.sh"
 
 clean_phase --plaintext
-# The bound (docs/security.md): the clean peak twice over plus 64 copies of
-# the model, whatever the peers send or fail to read.
-RSS_BOUND=$(awk -v c="$CLEAN_HWM" -v m="$MODEL_MIB" 'BEGIN {printf "%.1f\n", 2 * c + 64 * m}')
 
-# attack_phase NAME WAIT_FOR ATTACKER_FLAGS...: a phase with the attacker
-# started at ATTACK_FROM; WAIT_FOR is a line of the attacker's log that shows
-# the attack under way. The syncer's flags are SYNCER_FLAGS.
+# attack_phase NAME CONNECTIONS WAIT_FOR ATTACKER_FLAGS...: a phase with the
+# attacker started at ATTACK_FROM; CONNECTIONS the attacker's connections;
+# WAIT_FOR a line of the attacker's log that shows the attack under way. The
+# syncer's flags are SYNCER_FLAGS.
 attack_phase() {
-  local name=$1 wait_for=$2
-  shift 2
+  local name=$1 wait_for=$3
+  RSS_BOUND=$(rss_bound "$((2 + $2))")
+  shift 3
   start_phase "$name" "${SYNCER_FLAGS[@]}"
   mark_window_start "$name"
   start_attacker "$name" "$@"
@@ -39,14 +39,15 @@ attack_phase() {
 }
 
 SYNCER_FLAGS=(--plaintext)
-attack_phase join_flood "sent 1000 joins" --attack join-flood --fresh-ids --id 100 --rate 2000 --report-every 1000
-attack_phase slow_reader "never reading" --attack slow-reader --peers 32 --id 200
-attack_phase huge_frame "sent a full_state frame" --attack huge-frame --frame-bytes 536870912 --id 300
+attack_phase join_flood 1 "sent 1000 joins" --attack join-flood --fresh-ids --id 100 --rate 2000 --report-every 1000
+attack_phase slow_reader 32 "never reading" --attack slow-reader --peers 32 --id 200
+attack_phase huge_frame 1 "sent a full_state frame" --attack huge-frame --frame-bytes 536870912 --id 300
 
-make_keys syncer l0 l1 attacker
-{ for i in 0 1; do echo "$i $(public_key "l$i")"; done; echo "100 $(public_key attacker)"; } >"$WORK/keys/allow"
+make_keys syncer l0 l1 l50 attacker
+# Learner 50 is the observer that scores the global model.
+{ for i in 0 1 50; do echo "$i $(public_key "l$i")"; done; echo "100 $(public_key attacker)"; } >"$WORK/keys/allow"
 SYNCER_FLAGS=(--keys "$WORK/keys/syncer.key" --allow "$WORK/keys/allow")
 learner_flags() { echo --keys "$WORK/keys/l$1.key" --server-key "$WORK/keys/syncer.pub"; }
-attack_phase join_flood_curve "sent 1000 joins" --attack join-flood --id 100 --rate 2000 --report-every 1000 \
+attack_phase join_flood_curve 1 "sent 1000 joins" --attack join-flood --id 100 --rate 2000 --report-every 1000 \
   --keys "$WORK/keys/attacker.key" --server-key "$WORK/keys/syncer.pub"
 note "PASS"
