@@ -51,7 +51,15 @@ launch_learner() {
 accepted_now() { status "learner_$1_accepted" "$SYNCER_NAME"; }
 # accepted_past ID MIN: learner ID's contributions accepted by the current syncer exceed MIN.
 accepted_past() { [ "$(accepted_now "$1")" -gt "$2" ]; }
-# checkpoint_since N: the current syncer's log has written a checkpoint (after its resume).
+# accepted_quiet ID: learner ID's accepted count has stayed the same over 5
+# polls of the status file (written every 100 ms).
+accepted_quiet() {
+  local now
+  now=$(accepted_now "$1")
+  if [ "$now" = "$QUIET_LAST" ]; then QUIET_SEEN=$((QUIET_SEEN + 1)); else QUIET_LAST=$now QUIET_SEEN=0; fi
+  [ "$QUIET_SEEN" -ge 5 ]
+}
+# checkpoint_written: the current syncer has written a checkpoint.
 checkpoint_written() { log_has "$SYNCER_NAME" "syncer: checkpoint "; }
 
 launch_syncer
@@ -80,6 +88,10 @@ for k in $(seq 1 "$KILLS"); do
   else
     kill -9 "${learner_pid[victim]}"
     wait "${learner_pid[victim]}" 2>/dev/null || true
+    # What the killed incarnation had sent is handled before the count is
+    # taken, so only the new incarnation's contributions can exceed it.
+    QUIET_LAST="" QUIET_SEEN=0
+    wait_until 30 "the syncer to handle what learner $victim sent before its kill" accepted_quiet "$victim"
     base[victim]=$(accepted_now "$victim")
     launch_learner "$victim"
     learner_kills=$((learner_kills + 1))
