@@ -8,7 +8,10 @@
 #include <catch2/catch.hpp>
 #include <ddiloco/syncer_runtime.hpp>
 #include <ddiloco/transport/in_process.hpp>
+#include <atomic>
+#include <condition_variable>
 #include <latch>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -228,4 +231,86 @@ TEST_CASE("Without workers every contribution is handled on the delivering threa
     CHECK(syncer.status().merges == i);  // handled before deliver() returned
   }
   CHECK(syncer.status().contributions_accepted == 10);
+}
+
+namespace {
+
+/// A syncer whose batches wait at a gate the test opens: the workers are slow
+/// for as long as the test wants, without a timer.
+struct GatedSyncer {
+  Plan plan_ = small_plan();
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool open = false;
+  std::atomic<std::size_t> handled{0};
+
+  const Plan& plan() const { return plan_; }
+  void handle(const Message&, Outbox&) {}
+  void handle_batch(std::span<const Message> batch, Outbox&) {
+    std::unique_lock lock(mutex);
+    cv.wait(lock, [&] { return open; });
+    handled += batch.size();
+  }
+  void release_gate() {
+    {
+      std::lock_guard lock(mutex);
+      open = true;
+    }
+    cv.notify_all();
+  }
+  std::optional<TimePoint> next_wakeup() const { return std::nullopt; }
+  void expire_learners() {}
+  std::vector<std::size_t> due_fragments(TimePoint) const { return {}; }
+  bool merge_if_due(std::size_t, Outbox&) { return false; }
+  SyncerStatus status() const { return {}; }
+};
+
+/// A transport holding `n` contributions, counting what was taken from it.
+struct CountingTransport {
+  SteadyClock steady;
+  Plan plan = small_plan();
+  std::mutex mutex;
+  std::size_t left;
+  std::atomic<std::size_t> taken{0};
+  explicit CountingTransport(std::size_t n) : left(n) {}
+  bool send_to(LearnerId, Message&&) { return true; }
+  std::optional<Message> try_receive() {
+    std::lock_guard lock(mutex);
+    if (left == 0) return std::nullopt;
+    --left;
+    ++taken;
+    return contribution(plan, 1, taken % 2, seq0() + taken);
+  }
+  std::optional<Message> receive_until(TimePoint) { return try_receive(); }
+  const Clock& clock() const { return steady; }
+};
+
+}  // namespace
+
+TEST_CASE("While the workers are busy the runtime takes at most max_queued contributions from the transport",
+          "[syncer_runtime][bounds]") {
+  GatedSyncer syncer;
+  CountingTransport transport(1000);
+  SyncerRuntimeConfig rc;
+  rc.workers = 1;
+  rc.max_queued = 8;
+  SyncerRuntime runtime(syncer, transport, rc);
+  runtime.start();
+  // The receive thread pauses at the bound instead of draining the transport.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (runtime.receive_pauses() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  REQUIRE(runtime.receive_pauses() > 0);
+  CHECK(transport.taken == 8);
+  CHECK(runtime.queued().first == 8);
+  CHECK(runtime.queued().second > 0);
+  // Open the gate: everything is taken and handled, each exactly once.
+  syncer.release_gate();
+  while (syncer.handled < 1000 && std::chrono::steady_clock::now() < deadline + 20s) std::this_thread::yield();
+  CHECK(syncer.handled == 1000);
+  CHECK(transport.taken == 1000);
+  runtime.stop();
+  CHECK(runtime.queued().first == 0);
+  CHECK(runtime.queued().second == 0);
+  rc.max_queued = 0;
+  CHECK_THROWS_WITH(SyncerRuntime(syncer, transport, rc), Catch::Contains("max_queued = 0"));
 }

@@ -852,3 +852,46 @@ TEST_CASE("While the syncer takes nothing, received messages stay within their b
   CHECK(received == sent);
   CHECK(syncer.counters().decode_errors == 0);
 }
+
+TEST_CASE("A learner cuts a syncer frame over its largest legal frame and refuses types a learner never receives",
+          "[zmq][bounds]") {
+  const Plan plan = make_plan({{"w", 10, false}}, 1);
+  ZmqSyncerTransport syncer(plain_syncer(), steady);
+  ZmqLearnerConfig config = plain_learner(syncer.endpoint(), 3);
+  size_for_plan(config, plan);
+  REQUIRE(config.max_message_size == kFrameHeaderSize + 40);
+  ZmqLearnerTransport learner(config, steady);
+  REQUIRE(learner.send(join_message(3)));
+  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+  const auto global_of = [](std::size_t elements, MessageType type = MessageType::global_fragment) {
+    Message m;
+    m.type = type;
+    m.fingerprint = 7;
+    m.learner = 3;
+    m.version = elements;
+    m.steps = 1;
+    m.payload = make_payload(std::vector<float>(elements, 1.0f));
+    return m;
+  };
+  // A contribution sent to a learner: refused on its header.
+  REQUIRE(syncer.send_to(3, global_of(10, MessageType::contribution)));
+  REQUIRE(eventually([&] {
+    CHECK_FALSE(learner.try_receive().has_value());
+    return learner.counters().wrong_direction == 1;
+  }));
+  CHECK(learner.counters().decode_errors == 1);
+  // One element more than the plan's largest fragment: ZeroMQ drops the connection.
+  REQUIRE(syncer.send_to(3, global_of(11)));
+  REQUIRE(eventually([&] { return learner.link_events().disconnects >= 1; }));
+  // The learner reconnects; once the syncer has heard from it again, a legal frame arrives.
+  REQUIRE(eventually([&] { return learner.link_events().handshakes >= 2; }));
+  Message hb = join_message(3);
+  hb.type = MessageType::heartbeat;
+  REQUIRE(learner.send(std::move(hb)));
+  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+  REQUIRE(syncer.send_to(3, global_of(10)));
+  const auto back = learner.receive_until(steady.now() + 10s);
+  REQUIRE(back.has_value());
+  CHECK(back->version == 10);
+  CHECK(learner.counters().frames_in == 2);  // the contribution and this one; the oversized never arrived
+}

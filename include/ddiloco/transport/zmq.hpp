@@ -629,8 +629,9 @@ class ZmqSyncerTransport {
   [[nodiscard]] const Clock& clock() const noexcept { return *clock_; }
 
   /// Queues m for learner `id`; false (counted) when the frame would exceed the
-  /// peer's or the total send budget: nothing is encoded then. A peer not heard
-  /// from is charged only against the total (its frame is dropped when sent).
+  /// peer connection's or the total send budget (unless that queue is empty):
+  /// nothing is encoded then. A peer not heard from is charged only against the
+  /// total (its frame is dropped when sent).
   bool send_to(LearnerId id, Message&& m) {
     const std::size_t charge = frame_size(m, config_.global_codec) + detail::kQueuedMessageOverhead;
     detail::SendCharge held;
@@ -638,8 +639,11 @@ class ZmqSyncerTransport {
       std::lock_guard lock(mutex_);
       detail::SendCharge::Counter peer;
       if (auto it = routes_.find(id); it != routes_.end()) peer = it->second.queued;
-      if ((peer && peer->load() + charge > config_.peer_send_budget) ||
-          send_queued_->load() + charge > config_.send_budget) {
+      // An empty queue always takes one frame, so a frame larger than a budget
+      // still goes out (each bound is then exceeded by at most that frame).
+      const std::size_t mine = peer ? peer->load() : 0, all = send_queued_->load();
+      if ((mine != 0 && mine + charge > config_.peer_send_budget) ||
+          (all != 0 && all + charge > config_.send_budget)) {
         ++counters_.send_dropped;
         ++counters_.send_over_budget;
         return false;
