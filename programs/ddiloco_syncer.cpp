@@ -75,8 +75,9 @@ std::vector<LearnerId> parse_ids(const std::string& s) {
 }
 
 /// The status file's lines of the tallied learners (--tally-learners):
-/// learner_<id>_step (its highest step counter), learner_<id>_accepted,
-/// learner_<id>_rejected and learner_<id>_rejected_<reason>.
+/// learner_<id>_step (its highest step counter), _contributions, _accepted,
+/// _rejected (all refused: contributions - accepted), _rejected_<reason> and
+/// _rejected_other (refused under no reason named per learner).
 template <class S>
 std::string tally_lines(const S& syncer) {
   std::string out;
@@ -84,9 +85,10 @@ std::string tally_lines(const S& syncer) {
     const auto t = syncer.tally(id);
     if (!t) continue;
     const std::string key = "learner_" + std::to_string(id) + "_";
-    out += key + "step=" + std::to_string(t->step) + "\n" + key + "accepted=" + std::to_string(t->accepted) + "\n" +
-           key + "rejected=" +
-           std::to_string(t->rejected_total()) + "\n";
+    out += key + "step=" + std::to_string(t->step) + "\n" + key + "contributions=" +
+           std::to_string(t->contributions) + "\n" + key + "accepted=" + std::to_string(t->accepted) + "\n" + key +
+           "rejected=" + std::to_string(t->rejected_total()) + "\n" + key + "rejected_other=" +
+           std::to_string(t->rejected_other()) + "\n";
     for (std::size_t i = 0; i < kRejectReasons; ++i)
       out += key + "rejected_" + std::string(to_string(static_cast<RejectReason>(i))) + "=" +
              std::to_string(t->rejected[i]) + "\n";

@@ -95,14 +95,24 @@ constexpr std::string_view to_string(RejectReason r) noexcept {
 }
 
 /// One learner's contributions as the syncer handled them (SyncerConfig::tally_learners).
+/// `contributions` counts every contribution from the id as it arrives, so
+/// `contributions - accepted` are all its rejected contributions, whatever
+/// check refused them (once the syncer has handled what arrived); `rejected`
+/// breaks down those refused by the checks that name the learner (foreign
+/// plan, size, counters, finiteness, duplicate, stale, future version, norm).
 struct LearnerTally {
   std::uint64_t step = 0;  ///< the highest inner step counter (Message::step) its contributions carried
+  std::uint64_t contributions = 0;
   std::uint64_t accepted = 0;
   std::array<std::uint64_t, kRejectReasons> rejected{};  ///< messages from this id refused, by reason
   [[nodiscard]] std::uint64_t rejected_total() const noexcept {
-    std::uint64_t n = 0;
-    for (auto r : rejected) n += r;
-    return n;
+    return contributions > accepted ? contributions - accepted : 0;
+  }
+  /// Rejected contributions under no reason of `rejected` (e.g. unknown_learner).
+  [[nodiscard]] std::uint64_t rejected_other() const noexcept {
+    std::uint64_t named = 0;
+    for (auto r : rejected) named += r;
+    return rejected_total() > named ? rejected_total() - named : 0;
   }
 };
 
@@ -979,8 +989,14 @@ class Syncer {
 
   // ---- counters -----------------------------------------------------------
   void count_in(const Message& m) {
-    std::unique_lock lock(members_mutex_);
-    counters_.bytes_in += sizeof(Message) + m.payload_bytes();
+    {
+      std::unique_lock lock(members_mutex_);
+      counters_.bytes_in += sizeof(Message) + m.payload_bytes();
+    }
+    if (m.type == MessageType::contribution && !tallies_.empty()) {
+      std::lock_guard lock(tally_mutex_);
+      if (auto it = tallies_.find(m.learner); it != tallies_.end()) ++it->second.contributions;
+    }
   }
   void count_out(const Outbox& out, std::size_t from) {
     std::uint64_t bytes = 0;
@@ -996,15 +1012,15 @@ class Syncer {
     reject(r);
     count_tally(m, r);
   }
-  /// Adds to `who`'s tally, if it has one: a rejection for `r`, an acceptance
-  /// for nullopt. tally_mutex_ is a leaf lock (taken under any other, never the
+  /// Adds contribution m to its learner's tally, if it has one: a rejection
+  /// for `r`, an acceptance for nullopt. tally_mutex_ is a leaf lock (taken under any other, never the
   /// other way round).
   void count_tally(const Message& m, std::optional<RejectReason> r) {
-    if (tallies_.empty()) return;
+    if (tallies_.empty() || m.type != MessageType::contribution) return;
     std::lock_guard lock(tally_mutex_);
     auto it = tallies_.find(m.learner);
     if (it == tallies_.end()) return;
-    if (m.type == MessageType::contribution) it->second.step = std::max(it->second.step, m.step);
+    it->second.step = std::max(it->second.step, m.step);
     if (r) {
       ++it->second.rejected[static_cast<std::size_t>(*r)];
     } else {
@@ -1249,7 +1265,6 @@ class Syncer {
     auto it = learners_.find(m.learner);
     if (it == learners_.end()) {
       ++counters_.rejected[static_cast<std::size_t>(RejectReason::unknown_learner)];
-      count_tally(m, RejectReason::unknown_learner);
       return;
     }
     if (it->second.alive) ++counters_.leaves;
@@ -1339,10 +1354,7 @@ class Syncer {
     c.m = &m;
     c.now = now;
     c.per_step_norm = std::sqrt(sq) / static_cast<double>(m.steps);
-    if (!touch(m.learner, now, m.step, &c.step_time)) {  // counted unknown_learner
-      count_tally(m, RejectReason::unknown_learner);
-      return std::nullopt;
-    }
+    if (!touch(m.learner, now, m.step, &c.step_time)) return std::nullopt;
     c.weight = weights_(Counters{m.steps, m.tokens});
     c.tensor_sq = std::move(tensor_sq);
     return c;
@@ -1381,11 +1393,11 @@ class Syncer {
       return false;
     }
     last = m.sequence;
-    count_tally(m, std::nullopt);
     f.norm_ema = f.norm_samples == 0 ? c.per_step_norm : 0.9 * f.norm_ema + 0.1 * c.per_step_norm;
     ++f.norm_samples;
     ++f.accepted;
     f.accepted_from.insert(m.learner);
+    count_tally(m, std::nullopt);
     if (c.weight > 0.0) {
       if (f.round.contributions == 0 && f.contributors.empty()) {
         f.round = RoundState{};

@@ -17,8 +17,9 @@
 #     prints its sends every step; one unprinted send per killed incarnation);
 #   - the final checkpoint (written at SIGTERM) loads: a syncer restarted on it
 #     says "resumed from" and serves the checkpointed versions.
-# Prints the figures: kills of each kind, accepted, unknown_learner
-# rejections (learners told to rejoin), the longest re-synchronisation.
+# Prints the figures: kills of each kind, accepted, rejections (those under
+# no reason named per learner are unknown_learner: learners told to rejoin),
+# the longest re-synchronisation.
 # Usage: kill_loop.sh SYNCER LEARNER KEYGEN [CHAOS_CLIENT ATTACKER]; KILLS, SEED in the environment.
 source "$(dirname "$0")/lib.sh"
 
@@ -130,11 +131,11 @@ accepted_all=0 unknown_all=0
 for id in "${LEARNERS[@]}"; do
   dup=$(sum_key "learner_${id}_rejected_duplicate")
   acc=$(sum_key "learner_${id}_accepted")
-  unknown=$(sum_key "learner_${id}_rejected_unknown_learner")
+  unknown=$(sum_key "learner_${id}_rejected_other")
   sent=$(sent_total "$id")
   accepted_all=$((accepted_all + acc)) unknown_all=$((unknown_all + unknown))
-  note "learner $id: ${incarnation[id]} restarts, sent <= $sent, accepted $acc, duplicates $dup, unknown_learner $unknown," \
-    "other rejections $(($(sum_key "learner_${id}_rejected") - dup - unknown))"
+  note "learner $id: ${incarnation[id]} restarts, sent <= $sent, accepted $acc, duplicates $dup, rejected $(sum_key \
+    "learner_${id}_rejected") ($(grep -h -E "^learner_${id}_rejected_[a-z_]+=[1-9]" "$WORK"/s*.final | tr '\n' ' '))"
   [ "$dup" -eq 0 ] || failures+=("learner $id had $dup contributions rejected as duplicates")
   [ "$acc" -le "$sent" ] || failures+=("learner $id: $acc contributions accepted but at most $sent sent (merged twice)")
 done
@@ -145,6 +146,6 @@ launch_syncer
 log_has "$SYNCER_NAME" "syncer: resumed from" || fail "a syncer started on the final checkpoint did not resume from it"
 stop_syncer_with_sigterm
 note "kills $KILLS (syncer $syncer_kills, learners $learner_kills, seed $SEED): accepted $accepted_all," \
-  "duplicates 0, unknown_learner $unknown_all, longest re-synchronisation ${longest} s (bound ${RESYNC_S} s)," \
+  "duplicates 0, rejected under no named reason (unknown_learner: told to rejoin) $unknown_all, longest re-synchronisation ${longest} s (bound ${RESYNC_S} s)," \
   "final checkpoint loads ($final_versions checkpoints by the last syncer)"
 note "PASS"
