@@ -88,10 +88,11 @@ rejections() { grep -E '^rejected_[a-z_]+=[1-9]' "$WORK/$1.status" | tr '\n' ' '
 
 # RSS_BOUND (MiB), when set, is also watched while the phase runs: a syncer
 # over it fails the test at once (before the host runs out of memory).
+# A guard that trips sets PHASE_ABORT (the phase is then cut short, counted
+# as failed, and the next phase runs: a run reports every attack).
 rss_guard() {
   [ -z "${RSS_BOUND:-}" ] || less_than "$(hwm_mib "$SYNCER_PID")" "$RSS_BOUND" ||
-    fail "$1: the syncer's peak RSS $(hwm_mib "$SYNCER_PID") MiB is over its bound $RSS_BOUND MiB" \
-      "(rejected: $(rejections "$1"))"
+    PHASE_ABORT="the syncer's peak RSS $(hwm_mib "$SYNCER_PID") MiB is over its bound $RSS_BOUND MiB"
 }
 # loss_guard NAME: with CLEAN_VAL known, an honest learner whose latest
 # validation loss is over 10x the clean phase's end has been wrecked: fail at
@@ -103,8 +104,7 @@ loss_guard() {
     v=$(grep -o ' val [^ ]*' "$WORK/$1-l$i.log" 2>/dev/null | tail -n 1 | awk '{print $2}')
     [ -z "$v" ] && continue
     { [[ $v =~ ^[0-9.]+$ ]] && less_than "$v" "$(awk -v c="$CLEAN_VAL" 'BEGIN {print 10 * c}')"; } ||
-      fail "$1: honest learner $i is at validation loss $v (clean phase's global model: $CLEAN_VAL)" \
-        "(rejected: $(rejections "$1"))"
+      PHASE_ABORT="honest learner $i is at validation loss $v (clean phase's global model: $CLEAN_VAL)"
   done
 }
 # honest_steps NAME: the sum of the honest learners' step counters as syncer NAME last saw them.
@@ -119,6 +119,7 @@ freeze_at() {
   local i all=0
   rss_guard "$1"
   loss_guard "$1"
+  [ -z "$PHASE_ABORT" ] || return 0
   for i in 0 1; do
     if [ -z "${FROZEN[i]:-}" ] && log_has "$1-l$i" "learner $i: step $MEASURE_AT "; then
       kill -STOP "${PHASE_LEARNERS[i]}"
@@ -136,8 +137,16 @@ freeze_at() {
 # HONEST_REJECTED and HONEST_REASONS (the non-zero reasons).
 end_phase() {
   local name=$1 pid
-  FROZEN=()
+  FROZEN=() PHASE_ABORT=""
   wait_until 240 "the honest learners of $name to reach step $MEASURE_AT" freeze_at "$name"
+  if [ -n "$PHASE_ABORT" ]; then
+    SUITE_FAILURES+=("$name: $PHASE_ABORT (rejected: $(rejections "$name"))")
+    note "$name: FAILED: $PHASE_ABORT; $(tail -n 1 "$WORK/$name-attacker.log" 2>/dev/null)"
+    echo "$name aborted: $PHASE_ABORT" >>"${ATTACK_FIGURES:-/dev/null}"
+    for pid in "${PHASE_LEARNERS[@]}" "${ATTACK_PID:-}" "$SYNCER_PID"; do [ -z "$pid" ] || kill -9 "$pid" 2>/dev/null || true; done
+    ATTACK_PID=
+    return 1
+  fi
   # Frozen, they send nothing more. The syncer has handled what they sent once
   # its counts stay the same over 5 status writes.
   if [ -n "${ATTACK_PID:-}" ]; then
@@ -218,7 +227,14 @@ check_phase() {
   less_than "$loss_ratio" "$(awk -v t="$LOSS_TOLERANCE" 'BEGIN {print 1 + t}')" ||
     failures+=("honest validation loss $VAL is over $LOSS_TOLERANCE above the clean $CLEAN_VAL")
   [ "$HONEST_REJECTED" -eq 0 ] || failures+=("honest contributions rejected: $HONEST_REASONS")
-  [ "${#failures[@]}" -eq 0 ] || fail "$name: $(printf '%s; ' "${failures[@]}")"
+  [ "${#failures[@]}" -eq 0 ] || SUITE_FAILURES+=("$name: $(printf '%s; ' "${failures[@]}")")
+}
+
+# finish_suite: fails with every phase's failures, if any; else PASS.
+declare -a SUITE_FAILURES
+finish_suite() {
+  [ "${#SUITE_FAILURES[@]}" -eq 0 ] || fail "$(printf '\n  %s' "${SUITE_FAILURES[@]}")"
+  note "PASS"
 }
 
 # reasons_add_up NAME: the per-reason rejections of syncer NAME's status file sum to its total.
