@@ -231,7 +231,7 @@ check_phase() {
 }
 
 # finish_suite: fails with every phase's failures, if any; else PASS.
-declare -a SUITE_FAILURES
+SUITE_FAILURES=()
 finish_suite() {
   [ "${#SUITE_FAILURES[@]}" -eq 0 ] || fail "$(printf '\n  %s' "${SUITE_FAILURES[@]}")"
   note "PASS"
