@@ -135,7 +135,8 @@ for id in "${LEARNERS[@]}"; do
   sent=$(sent_total "$id")
   accepted_all=$((accepted_all + acc)) unknown_all=$((unknown_all + unknown))
   note "learner $id: ${incarnation[id]} restarts, sent <= $sent, accepted $acc, duplicates $dup, rejected $(sum_key \
-    "learner_${id}_rejected") ($(grep -h -E "^learner_${id}_rejected_[a-z_]+=[1-9]" "$WORK"/s*.final | tr '\n' ' '))"
+    "learner_${id}_rejected") ($(cat "$WORK"/s*.final | awk -F= -v p="learner_${id}_rejected_" 'index($1, p) == 1 && $2 > 0 {
+      s[substr($1, length(p) + 1)] += $2} END {for (r in s) printf "%s %d ", r, s[r]}'))"
   [ "$dup" -eq 0 ] || failures+=("learner $id had $dup contributions rejected as duplicates")
   [ "$acc" -le "$sent" ] || failures+=("learner $id: $acc contributions accepted but at most $sent sent (merged twice)")
 done
