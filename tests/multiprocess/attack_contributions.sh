@@ -25,7 +25,7 @@ attack_phase() {
   shift
   RSS_BOUND=$(rss_bound 3)  # two honest learners and the attacker
   start_phase "$name" "${SYNCER_FLAGS[@]}"
-  mark_window_start "$name"
+  mark_window_start "$name" || return 0
   start_attacker "$name" --id 100 --report-every 10 "$@"
   wait_until 60 "the attacker of $name to send 20 contributions" \
     log_has "$name-attacker" "sent 20 contributions"

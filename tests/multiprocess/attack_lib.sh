@@ -191,17 +191,32 @@ quiet() {
   [ "$QUIET_SEEN" -ge 5 ]
 }
 
-# mark_window_start NAME: waits for 2 x ATTACK_FROM honest steps and takes WINDOW_START.
+# mark_window_start NAME: waits for 2 x ATTACK_FROM honest steps and takes
+# WINDOW_START. A learner that exits first (it could not join) aborts the
+# phase: returns 1 with the failure recorded.
+window_open() { honest_steps_at_least "$1" "$((2 * ATTACK_FROM))" || ! all_running; }
+all_running() {
+  local pid
+  for pid in "${PHASE_LEARNERS[@]}"; do exited "$pid" && return 1; done
+  return 0
+}
 mark_window_start() {
-  wait_until 120 "the honest learners of $1 to reach $((2 * ATTACK_FROM)) steps together" \
-    honest_steps_at_least "$1" "$((2 * ATTACK_FROM))"
+  wait_until 120 "the honest learners of $1 to reach $((2 * ATTACK_FROM)) steps together" window_open "$1"
+  if ! all_running; then
+    SUITE_FAILURES+=("$1: an honest learner exited before training: $(grep -h 'ddiloco_learner:' "$WORK/$1"-l*.log | head -n 1)")
+    note "$1: FAILED: an honest learner exited before training"
+    echo "$1 aborted: an honest learner exited before training" >>"${ATTACK_FIGURES:-/dev/null}"
+    local pid
+    for pid in "${PHASE_LEARNERS[@]}" "$SYNCER_PID"; do kill -9 "$pid" 2>/dev/null || true; done
+    return 1
+  fi
   WINDOW_START=$(snapshot "$1")
 }
 
 # clean_phase: the reference figures CLEAN_RATE, CLEAN_HWM, CLEAN_VAL.
 clean_phase() {
   start_phase clean "$@"
-  mark_window_start clean
+  mark_window_start clean || fail "the clean phase could not start: $(printf "%s; " "${SUITE_FAILURES[@]}")"
   end_phase clean
   [ "$HONEST_REJECTED" -eq 0 ] || fail "honest contributions rejected without any attack: $HONEST_REASONS"
   CLEAN_RATE=$RATE CLEAN_HWM=$HWM CLEAN_VAL=$VAL

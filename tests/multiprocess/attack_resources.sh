@@ -27,7 +27,7 @@ attack_phase() {
   RSS_BOUND=$(rss_bound "$((2 + $2))")
   shift 3
   start_phase "$name" "${SYNCER_FLAGS[@]}"
-  mark_window_start "$name"
+  mark_window_start "$name" || return 0
   start_attacker "$name" "$@"
   wait_until 60 "the attacker of $name: '$wait_for'" log_has "$name-attacker" "$wait_for"
   end_phase "$name" || return 0
