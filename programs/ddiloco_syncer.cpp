@@ -34,11 +34,13 @@ namespace {
 std::atomic<int> g_signal{0};
 extern "C" void on_signal(int sig) { g_signal.store(sig); }
 
-void write_status_file(const std::string& path, const SyncerStatus& s, const ZmqCounters& z) {
+void write_status_file(const std::string& path, const SyncerStatus& s, const ZmqCounters& z,
+                       const std::string& tallies) {
   if (path.empty()) return;
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
+    out << tallies;
     out << "learners_alive=" << s.learners_alive << "\nlearners_known=" << s.learners_known << "\njoins=" << s.joins
         << "\nmerges=" << s.merges << "\naccepted=" << s.contributions_accepted << "\nrejected=" << s.rejected_total()
         << "\njoins_refused=" << s.joins_refused << "\nobserves=" << s.observes
@@ -57,6 +59,43 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
   fs::rename(tmp, path);
 }
 
+/// "0,1,7" -> {0, 1, 7} (--tally-learners); empty -> {}.
+std::vector<LearnerId> parse_ids(const std::string& s) {
+  std::vector<LearnerId> ids;
+  std::size_t at = 0;
+  while (at < s.size()) {
+    const std::size_t end = std::min(s.find(',', at), s.size());
+    const std::string item = s.substr(at, end - at);
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 10)
+      throw InvalidArgument("--tally-learners '" + s + "': expected learner ids separated by commas, e.g. 0,1");
+    ids.push_back(static_cast<LearnerId>(std::stoul(item)));
+    at = end + 1;
+  }
+  return ids;
+}
+
+/// The status file's lines of the tallied learners (--tally-learners):
+/// learner_<id>_step (its highest step counter), _contributions, _accepted,
+/// _rejected (all refused: contributions - accepted), _rejected_<reason> and
+/// _rejected_other (refused under no reason named per learner).
+template <class S>
+std::string tally_lines(const S& syncer) {
+  std::string out;
+  for (LearnerId id : syncer.config().tally_learners) {
+    const auto t = syncer.tally(id);
+    if (!t) continue;
+    const std::string key = "learner_" + std::to_string(id) + "_";
+    out += key + "step=" + std::to_string(t->step) + "\n" + key + "contributions=" +
+           std::to_string(t->contributions) + "\n" + key + "accepted=" + std::to_string(t->accepted) + "\n" + key +
+           "rejected=" + std::to_string(t->rejected_total()) + "\n" + key + "rejected_other=" +
+           std::to_string(t->rejected_other()) + "\n";
+    for (std::size_t i = 0; i < kRejectReasons; ++i)
+      out += key + "rejected_" + std::string(to_string(static_cast<RejectReason>(i))) + "=" +
+             std::to_string(t->rejected[i]) + "\n";
+  }
+  return out;
+}
+
 MergeRecipients parse_recipients(const std::string& s) {
   if (s == "alive") return MergeRecipients::alive;
   if (s == "contributors") return MergeRecipients::contributors;
@@ -68,6 +107,7 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
           const std::string& zero_init, Rule rule, Opt opt) {
   SteadyClock clock;
   SyncerConfig sc;
+  sc.tally_learners = parse_ids(f.str("tally-learners"));
   sc.quorum.min_quorum = f.count("quorum");
   sc.quorum.overlap = f.count("overlap");
   sc.quorum.gamma = f.num("grace-gamma");
@@ -160,7 +200,7 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
     std::printf("status: %s decode-errors %llu auth-denied %llu\n", s.line().c_str(),
                 static_cast<unsigned long long>(z.decode_errors), static_cast<unsigned long long>(z.auth_denied));
     std::fflush(stdout);
-    write_status_file(f.str("status-file"), s, z);
+    write_status_file(f.str("status-file"), s, z, tally_lines(syncer));
   };
   SyncerRuntime runtime(syncer, link, rc);
   // After the syncer, the transport and the runtime: it stops serving first.
@@ -276,6 +316,9 @@ int main(int argc, char** argv) try {
   f.add("workers", "2", "merge worker threads");
   f.add("status-every-ms", "5000", "status line interval, milliseconds");
   f.add("status-file", "", "also write the latest status as key=value lines to this file");
+  f.add("tally-learners", "",
+        "learner ids (comma-separated) whose contributions the status file also counts one by one: "
+        "learner_<id>_step, learner_<id>_accepted, learner_<id>_rejected_<reason>");
   cli::add_metrics_flags(f);
   if (!f.parse(argc, argv)) return 0;
   cli::check_metrics_flags(f, "ddiloco_syncer");

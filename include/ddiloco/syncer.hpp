@@ -94,6 +94,28 @@ constexpr std::string_view to_string(RejectReason r) noexcept {
   return i < names.size() ? names[i] : "unknown";
 }
 
+/// One learner's contributions as the syncer handled them (SyncerConfig::tally_learners).
+/// `contributions` counts every contribution from the id as it arrives, so
+/// `contributions - accepted` are all its rejected contributions, whatever
+/// check refused them (once the syncer has handled what arrived); `rejected`
+/// breaks down those refused by the checks that name the learner (foreign
+/// plan, size, counters, finiteness, duplicate, stale, future version, norm).
+struct LearnerTally {
+  std::uint64_t step = 0;  ///< the highest inner step counter (Message::step) its contributions carried
+  std::uint64_t contributions = 0;
+  std::uint64_t accepted = 0;
+  std::array<std::uint64_t, kRejectReasons> rejected{};  ///< messages from this id refused, by reason
+  [[nodiscard]] std::uint64_t rejected_total() const noexcept {
+    return contributions > accepted ? contributions - accepted : 0;
+  }
+  /// Rejected contributions under no reason of `rejected` (e.g. unknown_learner).
+  [[nodiscard]] std::uint64_t rejected_other() const noexcept {
+    std::uint64_t named = 0;
+    for (auto r : rejected) named += r;
+    return rejected_total() > named ? rejected_total() - named : 0;
+  }
+};
+
 /// Who receives a fragment's new global after a merge (SyncerConfig::send_merged_to).
 enum class MergeRecipients : std::uint8_t {
   /// Every learner alive at the merge (the default).
@@ -161,6 +183,11 @@ struct SyncerConfig {
   /// Each answer is the whole global state, so this bounds what observers cost.
   Duration observe_interval = std::chrono::seconds(1);
   std::size_t observe_burst = 4;
+  /// Learner ids whose contributions are tallied one by one (Syncer::tally):
+  /// accepted, and rejected by reason. A fixed list, so what it costs is
+  /// bounded whatever ids a peer claims; it lets a test or an operator tell
+  /// the rejections of known honest learners from an attacker's.
+  std::vector<LearnerId> tally_learners;
   /// Refused joins and observes are recorded for the operator (take_refusals)
   /// at most `refusal_log_burst` times per `refusal_log_interval`; the rest are
   /// counted in the next record's `suppressed`, so a flood cannot fill the log.
@@ -516,6 +543,7 @@ class Syncer {
         weights_(std::move(weights)),
         fragments_(plan_.num_fragments()) {
     validate(config_);
+    for (LearnerId id : config_.tally_learners) tallies_[id];
     std::size_t off = 0;
     tensor_offsets_.reserve(plan_.num_tensors());
     for (const auto& spec : plan_.tensors()) {
@@ -555,7 +583,7 @@ class Syncer {
       if (const auto why = refusal_for(m)) return refuse(m, *why, now, out);
       return m.type == MessageType::join ? on_join(m, now, out) : on_observe(m, now, out);
     }
-    if (m.fingerprint != plan_.fingerprint()) return reject(RejectReason::foreign_plan);
+    if (m.fingerprint != plan_.fingerprint()) return reject(RejectReason::foreign_plan, m);
     switch (m.type) {
       case MessageType::leave: return on_leave(m);
       case MessageType::heartbeat: return on_heartbeat(m, now);
@@ -592,7 +620,7 @@ class Syncer {
       if (m.type == MessageType::contribution) {
         count_in(m);
         if (m.fingerprint != plan_.fingerprint()) {
-          reject(RejectReason::foreign_plan);
+          reject(RejectReason::foreign_plan, m);
         } else if (auto c = precheck(m, now)) {
           pending.push_back(*c);
         }
@@ -727,6 +755,14 @@ class Syncer {
     std::vector<RefusedRequest> out(refusals_.begin(), refusals_.end());
     refusals_.clear();
     return out;
+  }
+
+  /// The tally of learner `id`'s contributions since this Syncer was
+  /// constructed; nullopt unless `id` is in SyncerConfig::tally_learners.
+  [[nodiscard]] std::optional<LearnerTally> tally(LearnerId id) const {
+    std::lock_guard lock(tally_mutex_);
+    if (auto it = tallies_.find(id); it != tallies_.end()) return it->second;
+    return std::nullopt;
   }
 
   /// Merges over all fragments so far (cheap: no lock).
@@ -953,8 +989,14 @@ class Syncer {
 
   // ---- counters -----------------------------------------------------------
   void count_in(const Message& m) {
-    std::unique_lock lock(members_mutex_);
-    counters_.bytes_in += sizeof(Message) + m.payload_bytes();
+    {
+      std::unique_lock lock(members_mutex_);
+      counters_.bytes_in += sizeof(Message) + m.payload_bytes();
+    }
+    if (m.type == MessageType::contribution && !tallies_.empty()) {
+      std::lock_guard lock(tally_mutex_);
+      if (auto it = tallies_.find(m.learner); it != tallies_.end()) ++it->second.contributions;
+    }
   }
   void count_out(const Outbox& out, std::size_t from) {
     std::uint64_t bytes = 0;
@@ -965,6 +1007,25 @@ class Syncer {
   void reject(RejectReason r) {
     std::unique_lock lock(members_mutex_);
     ++counters_.rejected[static_cast<std::size_t>(r)];
+  }
+  void reject(RejectReason r, const Message& m) {
+    reject(r);
+    count_tally(m, r);
+  }
+  /// Adds contribution m to its learner's tally, if it has one: a rejection
+  /// for `r`, an acceptance for nullopt. tally_mutex_ is a leaf lock (taken under any other, never the
+  /// other way round).
+  void count_tally(const Message& m, std::optional<RejectReason> r) {
+    if (tallies_.empty() || m.type != MessageType::contribution) return;
+    std::lock_guard lock(tally_mutex_);
+    auto it = tallies_.find(m.learner);
+    if (it == tallies_.end()) return;
+    it->second.step = std::max(it->second.step, m.step);
+    if (r) {
+      ++it->second.rejected[static_cast<std::size_t>(*r)];
+    } else {
+      ++it->second.accepted;
+    }
   }
   std::size_t alive_count_locked() const {
     return static_cast<std::size_t>(
@@ -1253,8 +1314,8 @@ class Syncer {
   /// counters, finiteness (one pass computing every tensor's squared norm too,
   /// which add_batch then does not compute again), known learner.
   std::optional<Checked> precheck(const Message& m, TimePoint now) {
-    const auto refuse = [this](RejectReason why) -> std::optional<Checked> {
-      reject(why);
+    const auto refuse = [this, &m](RejectReason why) -> std::optional<Checked> {
+      reject(why, m);
       return std::nullopt;
     };
     if (m.fragment >= fragments_.size()) return refuse(RejectReason::bad_fragment);
@@ -1309,14 +1370,17 @@ class Syncer {
     auto& last = f.last_sequence[m.learner];
     if (m.sequence <= last) {
       ++f.rejected_duplicate;
+      count_tally(m, RejectReason::duplicate);
       return false;
     }
     if (m.version > f.version) {
       ++f.rejected_future;
+      count_tally(m, RejectReason::future_version);
       return false;
     }
     if (f.version - m.version > config_.max_staleness) {
       ++f.rejected_stale;
+      count_tally(m, RejectReason::stale);
       last = m.sequence;  // answered: a replay of this one is a duplicate
       const std::size_t from = out.size();
       out.push_back({m.learner, global_message(p, f, m.learner, MessageType::global_fragment)});
@@ -1325,6 +1389,7 @@ class Syncer {
     }
     if (f.norm_samples >= config_.norm_warmup && c.per_step_norm > config_.norm_outlier_factor * f.norm_ema) {
       ++f.rejected_norm;
+      count_tally(m, RejectReason::norm_outlier);
       return false;
     }
     last = m.sequence;
@@ -1332,6 +1397,7 @@ class Syncer {
     ++f.norm_samples;
     ++f.accepted;
     f.accepted_from.insert(m.learner);
+    count_tally(m, std::nullopt);
     if (c.weight > 0.0) {
       if (f.round.contributions == 0 && f.contributors.empty()) {
         f.round = RoundState{};
@@ -1485,6 +1551,8 @@ class Syncer {
 
   std::atomic<std::uint64_t> merges_total_{0};
   mutable std::mutex members_mutex_;
+  mutable std::mutex tally_mutex_;
+  std::map<LearnerId, LearnerTally> tallies_;  ///< SyncerConfig::tally_learners only (under tally_mutex_)
   std::map<LearnerId, LearnerInfo> learners_;
   SyncerStatus counters_{};
   // Rate limits of refusals' records and of observers (under members_mutex_).
