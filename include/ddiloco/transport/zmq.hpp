@@ -523,6 +523,14 @@ namespace detail {
 inline constexpr std::size_t kQueuedMessageOverhead = 256;
 
 /// The largest frame carrying `elements` payload elements in any codec.
+/// Bytes a security mechanism adds around each message before ZeroMQ checks
+/// ZMQ_MAXMSGSIZE on the wire: CURVE sends every message as a MESSAGE command
+/// (its name, an 8-byte nonce, a flags byte and a 16-byte MAC: 33 bytes in
+/// libzmq 4.3). Under CURVE the limit is the largest ddiloco frame plus this,
+/// so an honest frame is never cut (a frame up to this much larger reaches the
+/// decoder, which refuses it); in plaintext it is exact.
+inline constexpr std::size_t kMechanismOverhead = 256;
+
 inline std::size_t largest_frame(std::size_t elements) {
   std::size_t bytes = 0;
   for (std::uint8_t c = 0; is_valid_codec(c); ++c) bytes = std::max(bytes, encoded_size(static_cast<Codec>(c), elements));
@@ -591,7 +599,7 @@ class ZmqSyncerTransport {
       detail::set_int(router_, ZMQ_ROUTER_MANDATORY, 1, "ZMQ_ROUTER_MANDATORY");
       detail::set_int(router_, ZMQ_SNDHWM, send_hwm(), "ZMQ_SNDHWM");
       detail::set_int(router_, ZMQ_RCVHWM, recv_hwm(), "ZMQ_RCVHWM");
-      const auto max_message = static_cast<std::int64_t>(max_message_size());
+      const auto max_message = static_cast<std::int64_t>(max_message_size() + (config_.security.curve ? detail::kMechanismOverhead : 0));
       detail::zmq_check(zmq_setsockopt(router_, ZMQ_MAXMSGSIZE, &max_message, sizeof max_message), "ZMQ_MAXMSGSIZE");
       detail::set_int(router_, ZMQ_LINGER, 0, "ZMQ_LINGER");
       detail::set_int(router_, ZMQ_HEARTBEAT_IVL, ms(config_.heartbeat_interval), "ZMQ_HEARTBEAT_IVL");
@@ -1162,7 +1170,8 @@ class ZmqLearnerTransport {
       const auto max_message = static_cast<std::int64_t>(
           config_.max_message_size != 0
               ? config_.max_message_size
-              : kFrameHeaderSize + 4 * std::min<std::uint64_t>(config_.limits.max_elements, detail::kMaxCodecElements));
+              : kFrameHeaderSize + 4 * std::min<std::uint64_t>(config_.limits.max_elements, detail::kMaxCodecElements)) +
+          static_cast<std::int64_t>(config_.security.curve ? detail::kMechanismOverhead : 0);
       detail::zmq_check(zmq_setsockopt(dealer_, ZMQ_MAXMSGSIZE, &max_message, sizeof max_message), "ZMQ_MAXMSGSIZE");
       detail::set_int(dealer_, ZMQ_IMMEDIATE, config_.immediate ? 1 : 0, "ZMQ_IMMEDIATE");
       detail::set_int(dealer_, ZMQ_RECONNECT_IVL, 100, "ZMQ_RECONNECT_IVL");
