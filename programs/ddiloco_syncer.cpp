@@ -42,13 +42,15 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
     out << "learners_alive=" << s.learners_alive << "\nlearners_known=" << s.learners_known << "\njoins=" << s.joins
         << "\nmerges=" << s.merges << "\naccepted=" << s.contributions_accepted << "\nrejected=" << s.rejected_total()
         << "\njoins_refused=" << s.joins_refused << "\nobserves=" << s.observes
-        << "\nobserves_limited=" << s.observes_limited << "\n";
+        << "\nobserves_limited=" << s.observes_limited << "\nrejoin_requests=" << s.rejoin_requests
+        << "\nrejoin_requests_limited=" << s.rejoin_requests_limited << "\nsequence_epoch=" << s.sequence_epoch
+        << "\n";
     for (std::size_t i = 0; i < kRejectReasons; ++i)
       out << "rejected_" << to_string(static_cast<RejectReason>(i)) << "=" << s.rejected[i] << "\n";
     out << "decode_errors=" << z.decode_errors << "\nauth_denied=" << z.auth_denied
         << "\nhandshake_failures=" << z.handshake_failures
-        << "\nimpersonations=" << z.impersonations << "\nbytes_in=" << z.bytes_in << "\nbytes_out=" << z.bytes_out
-        << "\n";
+        << "\nimpersonations=" << z.impersonations << "\nsend_dropped=" << z.send_dropped
+        << "\nbytes_in=" << z.bytes_in << "\nbytes_out=" << z.bytes_out << "\n";
   }
   fs::rename(tmp, path);
 }
@@ -96,11 +98,18 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   if (loaded) {
     // A crash may have lost merges that learners already applied: start a
     // new version epoch so that every learner is answered and rebases.
+    // It also starts a new sequence epoch, so that learners joining from now
+    // on get sequence spaces no incarnation lost in the crash has used.
     advance_epoch(loaded->snapshot);
     syncer.restore(loaded->snapshot);
     serial = loaded->serial;
-    std::printf("syncer: resumed from %s (serial %llu)\n", loaded->path.string().c_str(),
-                static_cast<unsigned long long>(serial));
+    // The new epochs go to disk before anything is served: a second crash
+    // before the next interval's checkpoint must not restore the old epochs
+    // again and hand out the same sequence spaces and versions twice.
+    const auto path = write_checkpoint(ckdir, syncer.snapshot(), ++serial, {}, tensors);
+    std::printf("syncer: resumed from %s (serial %llu), sequence epoch %llu, written as %s\n",
+                loaded->path.string().c_str(), static_cast<unsigned long long>(loaded->serial),
+                static_cast<unsigned long long>(loaded->snapshot.sequence_epoch), path.string().c_str());
   } else if (!ckdir.empty()) {
     std::printf("syncer: no valid checkpoint in %s, starting fresh\n", ckdir.c_str());
   }
