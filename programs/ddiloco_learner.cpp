@@ -153,14 +153,17 @@ int main(int argc, char** argv) try {
               static_cast<unsigned long long>(plan.fingerprint()), trainer.model().parameter_count());
   std::fflush(stdout);
   outer.join(params);
+  // SIGTERM/SIGINT from here on: stop after the current step, leave, exit 0.
+  // Installed before "joined" is printed: a test that signals on that line
+  // must find the handler in place.
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
   std::printf("learner %u: joined\n", zc.id);
+  std::fflush(stdout);  // tests wait for this line
   ref::Params global = params;  // the global model's view, for val-global
   const std::size_t steps = f.count("steps"), every = std::max<std::size_t>(1, f.count("eval-every"));
   const auto t0 = std::chrono::steady_clock::now();
   double loss_sum = 0;
-  // SIGTERM/SIGINT from here on: stop after the current step, leave, exit 0.
-  std::signal(SIGTERM, on_signal);
-  std::signal(SIGINT, on_signal);
   const std::string stop_file = f.str("stop-file");
   std::uint64_t rejoins = 0;
   bool rejoining = false;
