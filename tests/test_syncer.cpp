@@ -1415,6 +1415,9 @@ TEST_CASE("Finite values near the float limit are not counted non_finite, decode
   for (const Codec codec : {Codec::fp32, Codec::bf16, Codec::fp16}) {
     INFO(to_string(codec));
     Rig r;
+    // 512 elements: more than one fp32-lane block of the fast norm (256), where a square of 3e38 overflowed.
+    r.plan = make_plan({{"w", 512, false}, {"b", 2, false}}, 2);
+    r.init.assign(514, 1.0f);
     Syncer<> s(r.plan, r.init, r.clock, k_of(3));  // 3 alive, K = 3: nothing merges, only the checks run
     for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
     const auto p = r.fragment_of_w();
