@@ -196,6 +196,8 @@ class SyncerMetrics {
     joins_ = total("joins_total", "Learner joins (a new incarnation of a learner id).");
     leaves_ = total("leaves_total", "Learners that left with a leave message.");
     deaths_ = total("deaths_total", "Learners declared dead after the heartbeat time-out.");
+    rejoin_requests_ = total("rejoin_requests_total",
+                             "Unknown learners (e.g. joined after the restored checkpoint) asked to join again.");
     in_ = total("message_received_bytes_total", "Bytes of the messages the syncer handled (header + payload).");
     out_ = total("message_sent_bytes_total", "Bytes of the messages the syncer queued for learners (header + payload).");
     auto& rejected = counter_family(r, "ddiloco_syncer_contributions_rejected_total",
@@ -263,6 +265,14 @@ class SyncerMetrics {
       auth_denied_->set(transport.auth_denied);
       impersonations_->set(transport.impersonations);
     }
+    if constexpr (requires { transport.handshake_failures; }) {
+      if (!handshake_failures_)
+        handshake_failures_.emplace(
+            detail::counter_family(*registry_, "ddiloco_syncer_handshake_failures_total",
+                                   "Handshakes failed before authentication (a plaintext peer or another server key).")
+                .Add({}));
+      handshake_failures_->set(transport.handshake_failures);
+    }
   }
 
   /// A checkpoint was written successfully now.
@@ -294,6 +304,7 @@ class SyncerMetrics {
     joins_.set(s.joins, count);
     leaves_.set(s.leaves, count);
     deaths_.set(s.deaths, count);
+    rejoin_requests_.set(s.rejoin_requests, count);
     in_.set(s.bytes_in, count);
     out_.set(s.bytes_out, count);
     for (std::size_t i = 0; i < kRejectReasons; ++i) rejected_[i].set(s.rejected[i], count);
@@ -326,9 +337,9 @@ class SyncerMetrics {
   prometheus::Registry* registry_;
   std::optional<detail::TransportSeries> transport_;  ///< registered at the first update with transport counters
   detail::TotalCounter merges_, grace_waits_, deadline_merges_, accepted_, joins_, leaves_, deaths_, in_, out_,
-      checkpoints_;
+      checkpoints_, rejoin_requests_;
   std::array<detail::TotalCounter, kRejectReasons> rejected_{};
-  std::optional<detail::TotalCounter> auth_denied_, impersonations_;
+  std::optional<detail::TotalCounter> auth_denied_, impersonations_, handshake_failures_;
   prometheus::Gauge* alive_ = nullptr;
   prometheus::Gauge* known_ = nullptr;
   prometheus::Gauge* checkpoint_age_ = nullptr;
@@ -361,6 +372,7 @@ class LearnerMetrics {
     received_ = total("globals_received_total", "Global fragments received from the syncer.");
     ignored_ = total("globals_ignored_total", "Received messages ignored (foreign plan, bad size, old version).");
     heartbeats_ = total("heartbeats_total", "Heartbeats sent (nothing else sent for a heartbeat interval).");
+    rejoins_ = total("rejoins_total", "Joins again because the syncer did not know this learner (after a restore).");
     payload_ = total("contribution_bytes_total", "Payload bytes of the messages this learner sent.");
     auto hist = [&](const char* name, const char* help) {
       const auto b = staleness_bounds();
@@ -400,6 +412,7 @@ class LearnerMetrics {
     received_.set(s.received);
     ignored_.set(s.ignored);
     heartbeats_.set(s.heartbeats);
+    rejoins_.set(s.rejoins);
     payload_.set(s.bytes_sent);
     staleness_.set(s.staleness_versions);
     delay_.set(s.apply_delay_steps);
@@ -410,7 +423,7 @@ class LearnerMetrics {
   prometheus::Labels labels_;
   std::optional<detail::TransportSeries> transport_;  ///< registered at the first update with transport counters
   detail::TotalCounter steps_, tokens_, sends_, send_failures_, applies_, late_applies_, received_, ignored_,
-      heartbeats_, payload_;
+      heartbeats_, payload_, rejoins_;
   detail::TotalHistogram staleness_, delay_;
 };
 
