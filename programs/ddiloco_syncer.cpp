@@ -145,8 +145,11 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   rc.status_every = std::chrono::milliseconds(f.integer("status-every-ms"));
   rc.on_status = [&](const SyncerStatus& s) {
     const auto z = link.counters();
-    std::printf("status: %s decode-errors %llu auth-denied %llu\n", s.line().c_str(),
-                static_cast<unsigned long long>(z.decode_errors), static_cast<unsigned long long>(z.auth_denied));
+    std::printf("status: %s decode-errors %llu auth-denied %llu handshake-failures %llu send-dropped %llu "
+                "rejoin-requests %llu\n",
+                s.line().c_str(), static_cast<unsigned long long>(z.decode_errors),
+                static_cast<unsigned long long>(z.auth_denied), static_cast<unsigned long long>(z.handshake_failures),
+                static_cast<unsigned long long>(z.send_dropped), static_cast<unsigned long long>(s.rejoin_requests));
     std::fflush(stdout);
     write_status_file(f.str("status-file"), s, z);
   };
