@@ -33,7 +33,12 @@
 // fingerprint, unknown learner, bad fragment index, wrong size, non-finite
 // values, norm far outside the recent range, inconsistent counters, duplicate
 // or replayed sequence, base version too old (answered with the current
-// fragment) or from the future.
+// fragment) or from the future. A contribution or heartbeat from an unknown
+// learner (one that joined after the checkpoint this syncer restored) is also
+// answered with MessageType::rejoin, rate limited per id and in total.
+// Sequence spaces: bits 48-63 of a sequence are the restore epoch
+// (SyncerSnapshot::sequence_epoch, see advance_epoch()), so a join after a
+// crash restore never gets a space an incarnation lost in the crash used.
 #pragma once
 
 #include <algorithm>
