@@ -20,6 +20,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -84,7 +85,10 @@ int main(int argc, char** argv) try {
   f.add("id", "0", "this learner's id (unique; the allow-list binds it to this learner's key)");
   f.add("shard", "0", "data shard index of this learner");
   f.add("shards", "1", "number of data shards (usually the number of learners)");
-  f.add("steps", "1000", "inner-step budget");
+  f.add("steps", "1000", "inner-step budget (0: no limit; stop with SIGTERM/SIGINT or --stop-file)");
+  f.add("stop-file", "",
+        "stop (leave, exit 0) after the inner step at which this file exists; tests use it to keep a learner "
+        "training until they have seen what they wait for");
   f.add("seed", "1", "seed of the model's initial values (must match the syncer's)");
   f.add("fragments", "5", "P (must match the syncer)");
   f.add("sync-every", "24", "H: inner steps between two syncs of a fragment");
@@ -150,23 +154,47 @@ int main(int argc, char** argv) try {
               static_cast<unsigned long long>(plan.fingerprint()), trainer.model().parameter_count());
   std::fflush(stdout);
   outer.join(params);
+  // SIGTERM/SIGINT from here on: stop after the current step, leave, exit 0.
+  // Installed before "joined" is printed: a test that signals on that line
+  // must find the handler in place.
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
   std::printf("learner %u: joined\n", zc.id);
+  std::fflush(stdout);  // tests wait for this line
   ref::Params global = params;  // the global model's view, for val-global
   const std::size_t steps = f.count("steps"), every = std::max<std::size_t>(1, f.count("eval-every"));
   const auto t0 = std::chrono::steady_clock::now();
   double loss_sum = 0;
-  // SIGTERM/SIGINT from here on: stop after the current step, leave, exit 0.
-  std::signal(SIGTERM, on_signal);
-  std::signal(SIGINT, on_signal);
-  for (std::size_t s = 1; s <= steps; ++s) {
+  const std::string stop_file = f.str("stop-file");
+  std::uint64_t rejoins = 0;
+  bool rejoining = false;
+  for (std::size_t s = 1; steps == 0 || s <= steps; ++s) {
     if (g_signal.load() != 0) {
       std::printf("learner %u: signal %d: stopping after step %zu\n", zc.id, g_signal.load(), s - 1);
+      break;
+    }
+    std::error_code ec;
+    if (!stop_file.empty() && std::filesystem::exists(stop_file, ec)) {
+      std::printf("learner %u: %s exists: stopping after step %zu\n", zc.id, stop_file.c_str(), s - 1);
       break;
     }
     const auto before = trainer.tokens();
     loss_sum += trainer.step();
     outer.step(params, static_cast<std::int64_t>(trainer.tokens() - before));
     metrics.update(outer.status(), link.counters());
+    if (outer.status().rejoins != rejoins) {
+      rejoins = outer.status().rejoins;
+      std::printf("learner %u: the syncer does not know this learner (restored from a checkpoint older than its "
+                  "join?): joining again (rejoin %llu) at step %zu\n",
+                  zc.id, static_cast<unsigned long long>(rejoins), s);
+      std::fflush(stdout);
+      rejoining = true;  // its end is said below, even when the reply came in this same step
+    }
+    if (outer.rejoining() != rejoining) {
+      rejoining = outer.rejoining();
+      if (!rejoining) std::printf("learner %u: rejoined at step %zu\n", zc.id, s);
+      std::fflush(stdout);
+    }
     if (s % every == 0 || s == steps) {
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const auto& st = outer.status();
@@ -177,10 +205,11 @@ int main(int argc, char** argv) try {
       const double val = ref::evaluate(scorer, params, corpus.validation, examples);
       const double val_global = ref::evaluate(scorer, global, corpus.validation, examples);
       std::printf("learner %u: step %zu train %.4f val %.4f val-global %.4f tokens/s %.0f sends %llu applies %llu "
-                  "failed-sends %llu\n",
+                  "failed-sends %llu rejoins %llu\n",
                   zc.id, s, loss_sum / static_cast<double>(every), val, val_global,
                   static_cast<double>(trainer.tokens()) / secs, static_cast<unsigned long long>(st.sends),
-                  static_cast<unsigned long long>(st.applies), static_cast<unsigned long long>(st.send_failures));
+                  static_cast<unsigned long long>(st.applies), static_cast<unsigned long long>(st.send_failures),
+                  static_cast<unsigned long long>(st.rejoins));
       std::fflush(stdout);
       loss_sum = 0;
     }

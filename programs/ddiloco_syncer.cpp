@@ -45,12 +45,14 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
         << "\nmerges=" << s.merges << "\naccepted=" << s.contributions_accepted << "\nrejected=" << s.rejected_total()
         << "\njoins_refused=" << s.joins_refused << "\nobserves=" << s.observes
         << "\nobserves_limited=" << s.observes_limited << "\njoins_limited=" << s.joins_limited
-        << "\njoins_over_capacity=" << s.joins_over_capacity << "\nlearners_pruned=" << s.learners_pruned << "\n";
+        << "\njoins_over_capacity=" << s.joins_over_capacity << "\nlearners_pruned=" << s.learners_pruned
+        << "\nrejoin_requests=" << s.rejoin_requests << "\nrejoin_requests_limited=" << s.rejoin_requests_limited
+        << "\nsequence_epoch=" << s.sequence_epoch << "\n";
     for (std::size_t i = 0; i < kRejectReasons; ++i)
       out << "rejected_" << to_string(static_cast<RejectReason>(i)) << "=" << s.rejected[i] << "\n";
     out << "decode_errors=" << z.decode_errors << "\nauth_denied=" << z.auth_denied
         << "\nhandshake_failures=" << z.handshake_failures
-        << "\nimpersonations=" << z.impersonations << "\nbytes_in=" << z.bytes_in << "\nbytes_out=" << z.bytes_out
+        << "\nimpersonations=" << z.impersonations << "\nsend_dropped=" << z.send_dropped << "\nbytes_in=" << z.bytes_in << "\nbytes_out=" << z.bytes_out
         << "\nsend_over_budget=" << z.send_over_budget << "\nwrong_direction=" << z.wrong_direction
         << "\ndisconnects=" << z.disconnects << "\nreceive_pauses=" << z.receive_pauses
         << "\npeers_evicted=" << z.peers_evicted << "\nslow_peer_frames=" << z.slow_peer_frames << "\nsend_queued_bytes=" << z.send_queued_bytes
@@ -144,11 +146,18 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   if (loaded) {
     // A crash may have lost merges that learners already applied: start a
     // new version epoch so that every learner is answered and rebases.
+    // It also starts a new sequence epoch, so that learners joining from now
+    // on get sequence spaces no incarnation lost in the crash has used.
     advance_epoch(loaded->snapshot);
     syncer.restore(loaded->snapshot);
     serial = loaded->serial;
-    std::printf("syncer: resumed from %s (serial %llu)\n", loaded->path.string().c_str(),
-                static_cast<unsigned long long>(serial));
+    // The new epochs go to disk before anything is served: a second crash
+    // before the next interval's checkpoint must not restore the old epochs
+    // again and hand out the same sequence spaces and versions twice.
+    const auto path = write_checkpoint(ckdir, syncer.snapshot(), ++serial, {}, tensors);
+    std::printf("syncer: resumed from %s (serial %llu), sequence epoch %llu, written as %s\n",
+                loaded->path.string().c_str(), static_cast<unsigned long long>(loaded->serial),
+                static_cast<unsigned long long>(loaded->snapshot.sequence_epoch), path.string().c_str());
   } else if (!ckdir.empty()) {
     std::printf("syncer: no valid checkpoint in %s, starting fresh\n", ckdir.c_str());
   }
@@ -197,8 +206,11 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   rc.status_every = std::chrono::milliseconds(f.integer("status-every-ms"));
   rc.on_status = [&](const SyncerStatus& s) {
     const auto z = link.counters();
-    std::printf("status: %s decode-errors %llu auth-denied %llu\n", s.line().c_str(),
-                static_cast<unsigned long long>(z.decode_errors), static_cast<unsigned long long>(z.auth_denied));
+    std::printf("status: %s decode-errors %llu auth-denied %llu handshake-failures %llu send-dropped %llu "
+                "rejoin-requests %llu\n",
+                s.line().c_str(), static_cast<unsigned long long>(z.decode_errors),
+                static_cast<unsigned long long>(z.auth_denied), static_cast<unsigned long long>(z.handshake_failures),
+                static_cast<unsigned long long>(z.send_dropped), static_cast<unsigned long long>(s.rejoin_requests));
     std::fflush(stdout);
     write_status_file(f.str("status-file"), s, z, tally_lines(syncer));
   };

@@ -12,7 +12,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -699,4 +701,139 @@ TEST_CASE("A tensors section that disagrees with the fragments or repeats a name
   put_u64(bytes, flags_at, 2);
   reseal(bytes);
   CHECK_THROWS_WITH(decode_checkpoint(bytes), Catch::Contains("unknown flags 2"));
+}
+
+TEST_CASE("The sequence epoch is saved in its own section, and a file without it loads with epoch 0",
+          "[checkpoint][epoch]") {
+  Rig r;
+  AvgSyncer a(r.plan, r.init, r.clock, k_of(1));
+  give_history(r, a);
+  SyncerSnapshot snap = a.snapshot();
+  CHECK(snap.sequence_epoch == 0);
+  SyncerSnapshot advanced = snap;
+  advance_epoch(advanced);
+  CHECK(advanced.sequence_epoch == 1);
+  advance_epoch(advanced);
+  CHECK(advanced.sequence_epoch == 2);
+  // The new epoch is above every epoch a recorded sequence is in, whatever the field says.
+  SyncerSnapshot high = snap;
+  high.fragments[0].last_sequence[1] = (std::uint64_t{3} << kSequenceEpochShift) + 5;
+  advance_epoch(high);
+  CHECK(high.sequence_epoch == 4);
+  snap.sequence_epoch = 2;
+  const auto bytes = encode_checkpoint(snap, 4);
+  CHECK(decode_checkpoint(bytes).snapshot == snap);
+  // The file as a writer without the section made it: the epoch section (the
+  // last one when there is no tensors section: 16-byte header + u64) removed,
+  // the section count and body length patched, the checksum recomputed.
+  constexpr std::size_t kEpochSection = 16 + 8;
+  const std::size_t at = bytes.size() - 4 - kEpochSection;
+  REQUIRE(std::to_integer<int>(bytes[at]) == 5);  // the tag
+  std::vector<std::byte> old(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(at));
+  old.insert(old.end(), bytes.end() - 4, bytes.end());
+  old[12] = static_cast<std::byte>(std::to_integer<int>(old[12]) - 1);  // section_count, low byte
+  put_u64(old, 24, old.size() - 32 - 4);
+  reseal(old);
+  const LoadedCheckpoint legacy = decode_checkpoint(old);
+  CHECK(legacy.snapshot.sequence_epoch == 0);
+  SyncerSnapshot expected = snap;
+  expected.sequence_epoch = 0;
+  CHECK(legacy.snapshot == expected);
+  // A restore of such a file still moves past every sequence it records.
+  SyncerSnapshot from_legacy = legacy.snapshot;
+  advance_epoch(from_legacy);
+  CHECK(from_legacy.sequence_epoch == 1);
+
+  // Two epoch sections, or an epoch that does not fit, are refused.
+  std::vector<std::byte> twice(bytes.begin(), bytes.end() - 4);
+  twice.insert(twice.end(), bytes.begin() + static_cast<std::ptrdiff_t>(at), bytes.end());
+  twice[12] = static_cast<std::byte>(std::to_integer<int>(twice[12]) + 1);
+  put_u64(twice, 24, twice.size() - 32 - 4);
+  reseal(twice);
+  CHECK_THROWS_WITH(decode_checkpoint(twice), Catch::Contains("a second epoch section"));
+  snap.sequence_epoch = std::uint64_t{1} << 16;
+  CHECK_THROWS_WITH(decode_checkpoint(encode_checkpoint(snap, 5)), Catch::Contains("does not fit in 16 bits"));
+  VirtualClock clock2;
+  AvgSyncer b(r.plan, r.init, clock2, k_of(1));
+  CHECK_THROWS_WITH(b.restore(snap), Catch::Contains("sequence epoch 65536"));
+}
+
+TEST_CASE("Two crash restores in a row, each checkpointed before serving, never reuse a sequence space and never "
+          "reject an honest contribution as a duplicate",
+          "[checkpoint][epoch]") {
+  TempDir dir;
+  Rig r;
+  std::uint64_t serial = 0;
+  // The program's restart: newest valid checkpoint, new epochs, restore, and
+  // the restored state written before anything is served.
+  const auto restart = [&](VirtualClock& clock) {
+    auto s = std::make_unique<AvgSyncer>(r.plan, r.init, clock, k_of(1));
+    LoadedCheckpoint c = load_newest_valid(dir.path).value();
+    advance_epoch(c.snapshot);
+    s->restore(c.snapshot);
+    write_checkpoint(dir.path, s->snapshot(), ++serial);
+    return s;
+  };
+  // A learner: joins (new incarnation), then contributes with its own sequences.
+  std::uint64_t nonce = 500, next = 0, version = 0;
+  std::set<std::uint64_t> spaces;  // every first_sequence handed out
+  const auto join = [&](AvgSyncer& s) {
+    Outbox out;
+    Message m;
+    m.type = MessageType::join;
+    m.fingerprint = r.plan.fingerprint();
+    m.learner = 1;
+    m.sequence = ++nonce;
+    s.handle(m, out);
+    REQUIRE(!out.empty());
+    next = out.front().message.sequence;
+    version = out.front().message.version;
+    CHECK(spaces.insert(next).second);  // never a space handed out before
+  };
+  const auto contribute = [&](AvgSyncer& s, int n) {
+    for (int i = 0; i < n; ++i) {
+      Outbox out;
+      s.handle(r.contribution(1, 0, 0.01f, ++next, version), out);
+      for (const auto& o : out)
+        if (o.message.type == MessageType::global_fragment) version = o.message.version;
+    }
+  };
+  const auto duplicates = [](const AvgSyncer& s) {
+    return s.status().rejected[static_cast<std::size_t>(RejectReason::duplicate)];
+  };
+
+  auto first = std::make_unique<AvgSyncer>(r.plan, r.init, r.clock, k_of(1));
+  join(*first);
+  contribute(*first, 2);
+  write_checkpoint(dir.path, first->snapshot(), ++serial);
+  // After the checkpoint the learner restarts (a new incarnation the checkpoint
+  // does not know) and contributes; then the syncer crashes.
+  join(*first);
+  contribute(*first, 3);
+  CHECK(duplicates(*first) == 0);
+  first.reset();
+
+  VirtualClock clock2(TimePoint{100s});
+  auto second = restart(clock2);
+  CHECK(second->status().sequence_epoch == 1);
+  contribute(*second, 2);  // the lost incarnation goes on: accepted
+  join(*second);           // the learner restarts again: a space of epoch 1
+  CHECK(next >> kSequenceEpochShift == 1);
+  auto accepted = second->status().contributions_accepted;
+  contribute(*second, 4);
+  CHECK(second->status().contributions_accepted == accepted + 4);
+  CHECK(duplicates(*second) == 0);
+  second.reset();  // a second crash before any interval checkpoint
+
+  VirtualClock clock3(TimePoint{200s});
+  auto third = restart(clock3);  // from the checkpoint the second one wrote at once: epoch 2
+  CHECK(third->status().sequence_epoch == 2);
+  contribute(*third, 2);
+  join(*third);
+  CHECK(next >> kSequenceEpochShift == 2);
+  accepted = third->status().contributions_accepted;
+  contribute(*third, 3);
+  CHECK(third->status().contributions_accepted == accepted + 3);
+  CHECK(duplicates(*third) == 0);
+  CHECK(spaces.size() == 4);
 }

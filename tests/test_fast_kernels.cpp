@@ -21,6 +21,7 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -57,6 +58,25 @@ TEST_CASE("fast squared_norm matches the double-precision reference within 2e-6 
 TEST_CASE("fast squared_norm of a 2^20-element vector of ones is exactly 2^20", "[fast]") {
   const std::vector<float> x(std::size_t{1} << 20, 1.0f);
   CHECK(fast::squared_norm(x.data(), x.size()) == 1048576.0);
+}
+
+TEST_CASE("fast squared_norm of finite values near the float limit is finite and exact in double; of a non-finite "
+          "value it is not finite",
+          "[fast]") {
+  // 3e38^2 = 9e76 overflows an fp32 lane; the sum must come back in double.
+  for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{4096}, std::size_t{10001}}) {
+    INFO("n = " << n);
+    std::vector<float> x(n, 0.5f);
+    x[n / 2] = 3.0e38f;
+    const double expected = 9.0e76 + 0.25 * static_cast<double>(n - 1);
+    const double got = fast::squared_norm(x.data(), n);
+    CHECK(std::isfinite(got));
+    CHECK(std::fabs(got - static_cast<double>(3.0e38f) * 3.0e38f) <= 1e-12 * expected);
+    x[n / 2] = std::numeric_limits<float>::infinity();
+    CHECK_FALSE(std::isfinite(fast::squared_norm(x.data(), n)));
+    x[n / 2] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_FALSE(std::isfinite(fast::squared_norm(x.data(), n)));
+  }
 }
 
 TEST_CASE("fast running_mean_update_sq updates the mean like the reference and returns the new mean's squared norm",

@@ -64,7 +64,7 @@ Message join(const Plan& plan, LearnerId id) {
 
 struct FakeTransportCounters {
   std::uint64_t frames_in = 0, frames_out = 0, bytes_in = 0, bytes_out = 0, send_dropped = 0, decode_errors = 0;
-  std::uint64_t auth_denied = 0, impersonations = 0;
+  std::uint64_t auth_denied = 0, impersonations = 0, handshake_failures = 0;
 };
 
 }  // namespace
@@ -123,6 +123,8 @@ TEST_CASE("Syncer metrics follow the syncer's status: merges, quorum sizes, reje
   z.frames_in = 7;
   z.bytes_in = 700;
   z.auth_denied = 2;
+  z.handshake_failures = 3;
+  s.handle(contribution(plan, 9, 1, seq0 + 1), out);  // an id that never joined: asked to rejoin
   metrics.update(s.status(), z);
   t = text(registry);
   CHECK(sample(t, "ddiloco_syncer_merges_total") == 2);
@@ -134,6 +136,8 @@ TEST_CASE("Syncer metrics follow the syncer's status: merges, quorum sizes, reje
   CHECK(sample(t, "ddiloco_syncer_received_bytes_total") == 700);
   CHECK(sample(t, "ddiloco_syncer_auth_denied_total") == 2);
   CHECK(sample(t, "ddiloco_syncer_impersonations_total") == 0);
+  CHECK(sample(t, "ddiloco_syncer_handshake_failures_total") == 3);
+  CHECK(sample(t, "ddiloco_syncer_rejoin_requests_total") == 1);
 }
 
 TEST_CASE("A baseline (a syncer restored from a checkpoint) is not counted; what follows is", "[metrics]") {
@@ -224,6 +228,7 @@ TEST_CASE("Learner metrics follow the OuterLoop's status, with the learner id as
   CHECK(sample(t, "ddiloco_learner_steps_total{learner=\"4\"}") == 8);
   CHECK(sample(t, "ddiloco_learner_tokens_total{learner=\"4\"}") == 400);
   CHECK(sample(t, "ddiloco_learner_sends_total{learner=\"4\"}") == static_cast<double>(st.sends));
+  CHECK(sample(t, "ddiloco_learner_rejoins_total{learner=\"4\"}") == 0);
   CHECK(st.sends >= 3);
   CHECK(sample(t, "ddiloco_learner_applies_total{learner=\"4\"}") == static_cast<double>(st.applies));
   CHECK(sample(t, "ddiloco_learner_staleness_versions_count{learner=\"4\"}") ==

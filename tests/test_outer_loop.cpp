@@ -1099,3 +1099,86 @@ TEST_CASE("A join the syncer refuses throws ProtocolError naming both plans, or 
     CHECK(outer.poll_join(p));
   }
 }
+
+TEST_CASE("A learner the restored syncer does not know is asked to rejoin, rejoins without losing progress and its "
+          "contributions are accepted again",
+          "[outer_loop][rejoin]") {
+  Rig r;
+  // The checkpoint the syncer will crash back to: taken before learner 1 joined.
+  SyncerSnapshot checkpoint = r.syncer.snapshot();
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 1));  // H = 4: fragment 1 due at 2, 6, 10; fragment 0 at 4, 8, 12
+  VecParams params = zero_params();
+  r.join(outer, params);
+  const auto step = [&](bool pump) {
+    inner_step(params);
+    outer.step(params, 1);
+    if (pump) r.pump();
+  };
+  for (int t = 1; t <= 5; ++t) step(true);
+  REQUIRE(r.syncer.status().contributions_accepted == 2);
+  REQUIRE(outer.status().sends == 2);
+
+  // The syncer crashes and restores the older checkpoint (a new epoch).
+  advance_epoch(checkpoint);
+  r.syncer.restore(checkpoint);
+  REQUIRE(r.syncer.status().learners_known == 0);
+  r.seen.clear();
+
+  step(true);  // step 6: fragment 1 goes out, the syncer does not know learner 1 and asks it to rejoin
+  CHECK(r.syncer.status().rejected[static_cast<std::size_t>(RejectReason::unknown_learner)] == 1);
+  CHECK(r.syncer.status().rejoin_requests == 1);
+  const VecParams before_rejoin = params;
+  outer.poll(params);  // the request arrives: a join goes out, nothing else changes
+  CHECK(outer.status().rejoins == 1);
+  CHECK(outer.rejoining());
+  CHECK(outer.joined());
+  CHECK(params == before_rejoin);
+  step(false);  // step 7, and step 8 (fragment 0 due) before the reply: that send waits
+  step(false);
+  CHECK(outer.status().sends == 3);
+  r.pump();  // the join is answered
+  step(true);  // step 9: the reply (the new sequence base) is in
+  CHECK_FALSE(outer.rejoining());
+  for (int t = 10; t <= 12; ++t) step(true);
+  CHECK(outer.status().sends == 5);
+
+  const auto c = r.contributions();
+  REQUIRE(c.size() == 3);  // steps 6 (rejected), 10 and 12
+  CHECK(c[1].fragment == 1);
+  CHECK(c[1].steps == 1);  // 9 (the reply's fragment 1 applied there, late, as step 6's answer) -> 10
+  CHECK(c[2].fragment == 0);
+  CHECK(c[2].steps == 7);  // 5 (applied) -> 12: the send skipped at 8 lost nothing
+  for (std::size_t i = 1; i < c.size(); ++i) CHECK(c[i].sequence >> kSequenceEpochShift == 1);
+  const auto st = r.syncer.status();
+  // Step 10's is accepted; step 12's base (version 1) is from before the new
+  // epoch: answered with the current fragment, as for any learner after a
+  // crash restore (advance_epoch). The restored counters start from the checkpoint's 0.
+  CHECK(st.contributions_accepted == 1);
+  CHECK(st.rejected[static_cast<std::size_t>(RejectReason::stale)] == 1);
+  CHECK(st.rejected[static_cast<std::size_t>(RejectReason::duplicate)] == 0);
+  CHECK(st.rejoin_requests == 1);
+  CHECK(st.learners_known == 1);
+  CHECK(outer.status().rejoins == 1);
+}
+
+TEST_CASE("A rejoin request for another learner or plan, or before joining, is ignored", "[outer_loop][rejoin]") {
+  Rig r;
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 1));
+  VecParams params = zero_params();
+  r.join(outer, params);
+  Message ask;
+  ask.type = MessageType::rejoin;
+  ask.fingerprint = r.plan.fingerprint();
+  ask.learner = 2;
+  r.link.send_to(1, Message(ask));
+  ask.learner = 1;
+  ask.fingerprint ^= 1;
+  r.link.send_to(1, Message(ask));
+  const auto ignored = outer.status().ignored;
+  outer.poll(params);
+  CHECK(outer.status().rejoins == 0);
+  CHECK_FALSE(outer.rejoining());
+  CHECK(outer.status().ignored == ignored + 2);
+}

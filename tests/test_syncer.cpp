@@ -1014,11 +1014,20 @@ TEST_CASE("Rejected messages in a batch are counted and answered as one by one a
     CHECK(st.rejected[static_cast<std::size_t>(why)] == 1);
   }
   CHECK(st.contributions_accepted == 10 + 3);
-  // The stale one is answered with the current fragment, in both.
-  REQUIRE(out_batch.size() == 1);
-  CHECK(out_batch[0].to == 5);
-  CHECK(out_batch[0].message.version == 2);
-  CHECK(out_one.size() == 1);
+  // The stale one is answered with the current fragment and the unknown
+  // learner with a rejoin request, in both.
+  for (const Outbox* o : {&out_one, &out_batch}) {
+    REQUIRE(o->size() == 2);
+    const auto global = std::find_if(o->begin(), o->end(),
+                                     [](const Outgoing& x) { return x.message.type == MessageType::global_fragment; });
+    REQUIRE(global != o->end());
+    CHECK(global->to == 5);
+    CHECK(global->message.version == 2);
+    const auto rejoin =
+        std::find_if(o->begin(), o->end(), [](const Outgoing& x) { return x.message.type == MessageType::rejoin; });
+    REQUIRE(rejoin != o->end());
+    CHECK(rejoin->to == 99);
+  }
   // The accepted ones merged exactly as without the bad messages (K = 5 not reached:
   // close the round in both with the same two contributions).
   for (auto* s : {&batch, &clean}) {
@@ -1323,4 +1332,106 @@ TEST_CASE("Refusal records are rate limited and say how many were left out", "[s
   CHECK(later[0].suppressed == 3);
   CHECK_THAT(later[0].line(), Catch::Contains("3 earlier refusals not logged"));
   CHECK(s.status().joins_refused == 6);
+}
+
+TEST_CASE("An unknown learner's contribution or heartbeat is answered with a rejoin request, rate limited per id "
+          "and for all ids together",
+          "[syncer][rejoin]") {
+  Rig r;
+  SyncerConfig c = k_of(1);
+  c.rejoin_interval = 1s;
+  c.rejoin_burst = 3;
+  Syncer<> s(r.plan, r.init, r.clock, c);
+  r.join(s, 1);
+  r.out.clear();
+  const auto p = r.fragment_of_w();
+  const auto rejoins_to = [&](LearnerId id) {
+    return std::count_if(r.out.begin(), r.out.end(), [id](const Outgoing& o) {
+      return o.to == id && o.message.type == MessageType::rejoin;
+    });
+  };
+  // A known learner is never asked; an unknown one is, once per interval.
+  s.handle(r.contribution(1, p, 0.1f, Rig::seq0() + 1), r.out);
+  CHECK(r.count(MessageType::rejoin) == 0);
+  s.handle(r.contribution(7, p, 0.1f, Rig::seq0() + 1), r.out);
+  REQUIRE(rejoins_to(7) == 1);
+  const auto& ask = std::find_if(r.out.begin(), r.out.end(),
+                                 [](const Outgoing& o) { return o.message.type == MessageType::rejoin; })->message;
+  CHECK(ask.learner == 7);
+  CHECK(ask.fingerprint == r.plan.fingerprint());
+  CHECK(!ask.payload);
+  Message beat;
+  beat.type = MessageType::heartbeat;
+  beat.fingerprint = r.plan.fingerprint();
+  beat.learner = 7;
+  for (int i = 0; i < 5; ++i) s.handle(beat, r.out);  // a flood within the interval: counted, not answered
+  s.handle(r.contribution(7, p, 0.1f, Rig::seq0() + 2), r.out);
+  CHECK(rejoins_to(7) == 1);
+  auto st = s.status();
+  CHECK(st.rejoin_requests == 1);
+  CHECK(st.rejoin_requests_limited == 6);
+  CHECK(st.rejected[static_cast<std::size_t>(RejectReason::unknown_learner)] == 7);  // each is still counted
+  // The burst bounds all ids together: 3 per interval, 7 already counts.
+  for (LearnerId id : {8u, 9u, 10u}) s.handle(r.contribution(id, p, 0.1f, Rig::seq0() + 1), r.out);
+  CHECK(rejoins_to(8) == 1);
+  CHECK(rejoins_to(9) == 1);
+  CHECK(rejoins_to(10) == 0);
+  // After the interval each id is answered again.
+  r.clock.advance(1s);
+  s.handle(beat, r.out);
+  s.handle(r.contribution(10, p, 0.1f, Rig::seq0() + 1), r.out);
+  CHECK(rejoins_to(7) == 2);
+  CHECK(rejoins_to(10) == 1);
+  st = s.status();
+  CHECK(st.rejoin_requests == 5);
+  CHECK(st.learners_known == 1);  // asking does not make anyone a member
+  // A batch answers as handle() does.
+  r.clock.advance(1s);
+  r.out.clear();
+  const std::vector<Message> batch = {r.contribution(11, p, 0.1f, Rig::seq0() + 1),
+                                      r.contribution(1, p, 0.1f, Rig::seq0() + 2)};
+  s.handle_batch(batch, r.out);
+  CHECK(rejoins_to(11) == 1);
+  CHECK(s.status().contributions_accepted == 2);
+}
+
+TEST_CASE("An unknown learner that joins after a rejoin request is a member again and its contributions merge",
+          "[syncer][rejoin]") {
+  Rig r;
+  Syncer<> s(r.plan, r.init, r.clock, k_of(1));
+  const auto p = r.fragment_of_w();
+  s.handle(r.contribution(4, p, 0.1f, Rig::seq0() + 5), r.out);
+  REQUIRE(r.count(MessageType::rejoin) == 1);
+  r.out.clear();
+  r.join(s, 4);
+  REQUIRE(r.count(MessageType::full_state) == r.plan.num_fragments());
+  const std::uint64_t first = r.out.front().message.sequence;
+  s.handle(r.contribution(4, p, 0.1f, first + 1), r.out);
+  CHECK(s.status().merges == 1);
+  CHECK(s.status().rejoin_requests == 1);
+}
+
+TEST_CASE("Finite values near the float limit are not counted non_finite, decoded or still encoded", "[syncer]") {
+  for (const Codec codec : {Codec::fp32, Codec::bf16, Codec::fp16}) {
+    INFO(to_string(codec));
+    Rig r;
+    // 512 elements: more than one fp32-lane block of the fast norm (256), where a square of 3e38 overflowed.
+    r.plan = make_plan({{"w", 512, false}, {"b", 2, false}}, 2);
+    r.init.assign(514, 1.0f);
+    Syncer<> s(r.plan, r.init, r.clock, k_of(3));  // 3 alive, K = 3: nothing merges, only the checks run
+    for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
+    const auto p = r.fragment_of_w();
+    // fp16 cannot hold 3e38 (its limit is 65504): its values are near its own limit.
+    const float big = codec == Codec::fp16 ? 6.5e4f : 3.0e38f;
+    Message m = r.contribution(1, p, big, Rig::seq0() + 1);
+    s.handle(m, r.out);  // decoded fp32 payload
+    auto bytes = std::make_shared<std::vector<std::byte>>(encode(codec, *m.payload));
+    Message e = r.contribution(2, p, big, Rig::seq0() + 1);
+    e.payload.reset();
+    e.encoded = EncodedPayload{codec, m.payload->size(), std::span<const std::byte>(*bytes), bytes};
+    s.handle(e, r.out);
+    const auto st = s.status();
+    CHECK(st.rejected[static_cast<std::size_t>(RejectReason::non_finite)] == 0);
+    CHECK(st.contributions_accepted == 2);
+  }
 }

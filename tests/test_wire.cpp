@@ -32,7 +32,8 @@ using Bytes = std::vector<std::byte>;
 constexpr MessageType all_types[] = {MessageType::join,           MessageType::full_state,
                                      MessageType::contribution,   MessageType::global_fragment,
                                      MessageType::heartbeat,      MessageType::leave,
-                                     MessageType::join_refused,   MessageType::observe};
+                                     MessageType::join_refused,   MessageType::observe,
+                                     MessageType::rejoin};
 
 bool carries_payload(MessageType t) {
   return t == MessageType::full_state || t == MessageType::contribution || t == MessageType::global_fragment;
@@ -239,7 +240,7 @@ TEST_CASE("encode_frame refuses messages no decoder would accept", "[wire]") {
   m.steps = -1;
   CHECK_THROWS_AS(ddiloco::encode_frame(m, Codec::fp32), ddiloco::InvalidArgument);
   m = sample(MessageType::contribution, 4);
-  m.type = static_cast<MessageType>(9);
+  m.type = static_cast<MessageType>(10);
   CHECK_THROWS_AS(ddiloco::encode_frame(m, Codec::fp32), ddiloco::InvalidArgument);
   m = sample(MessageType::contribution, 4);
   CHECK_THROWS_AS(ddiloco::encode_frame(m, static_cast<Codec>(7)), ddiloco::InvalidArgument);
@@ -272,6 +273,19 @@ TEST_CASE("a join_refused carries its reason and the syncer's plan and schedule 
   CHECK(ddiloco::to_string(ddiloco::JoinRefusal::identity) == "identity");
   CHECK(ddiloco::to_string(MessageType::observe) == "observe");
   CHECK(ddiloco::detail::hex16(0x00ab) == "00000000000000ab");
+}
+
+TEST_CASE("a rejoin request is framed without a payload as type 9 and a rejoin with elements is refused", "[wire]") {
+  Message m = sample(MessageType::rejoin, 0);
+  const Bytes f = ddiloco::encode_frame(m, Codec::fp32);
+  CHECK(f.size() == ddiloco::kFrameHeaderSize);
+  CHECK(get(f, 6, 1) == 9);
+  const auto r = ddiloco::decode_frame(f);
+  REQUIRE(r.ok());
+  require_same_header(m, r.value());
+  CHECK(ddiloco::to_string(MessageType::rejoin) == "rejoin");
+  m.payload = ddiloco::make_payload({1.0f});
+  CHECK_THROWS_AS(ddiloco::encode_frame(m, Codec::fp32), ddiloco::InvalidArgument);
 }
 
 TEST_CASE("an error-feedback payload is framed as is and decodes to its dequantised values", "[wire]") {
@@ -429,7 +443,7 @@ TEST_CASE("each WireError is provoked by a crafted frame and counted once", "[wi
     cases.emplace_back(WireError::header_checksum, f);
   }
   cases.emplace_back(WireError::bad_type, crafted([](Bytes& f) { put(f, 6, 0, 1); }));
-  cases.emplace_back(WireError::bad_type, crafted([](Bytes& f) { put(f, 6, 9, 1); }));
+  cases.emplace_back(WireError::bad_type, crafted([](Bytes& f) { put(f, 6, 10, 1); }));
   cases.emplace_back(WireError::bad_codec, crafted([](Bytes& f) { put(f, 7, 5, 1); }));
   cases.emplace_back(WireError::bad_codec, crafted([](Bytes& f) { put(f, 7, 255, 1); }));
   cases.emplace_back(WireError::bad_counters, crafted([](Bytes& f) { put(f, 48, ~0ULL, 8); }));  // steps = -1

@@ -18,7 +18,8 @@
 //     serial          u64      the number in the file name
 //     body_length     u64      bytes of sections that follow the header
 //   body: section_count sections, each
-//     tag             u32      1 = meta, 2 = fragment, 3 = members, 4 = tensors
+//     tag             u32      1 = meta, 2 = fragment, 3 = members, 4 = tensors,
+//                              5 = epoch
 //     reserved        u32      0
 //     length          u64      bytes of the section's content
 //     content         length bytes
@@ -43,8 +44,13 @@
 //     be exported (ddiloco_export, docs/weights.md) without the tensor list it
 //     was made with. A reader checks that the names are unique and non-empty,
 //     that no tensor is empty and that the sizes add up to the fragments'.
+//   epoch (optional, at most one; files written before it existed have none,
+//     which reads as 0): sequence_epoch u64 (SyncerSnapshot::sequence_epoch,
+//     the restores after a crash so far), below 2^16.
 //   Sections with another tag are skipped (room for later additions), so the
-//   format version stays 1: older readers skip the tensors section.
+//   format version stays 1: older readers skip the tensors and epoch sections
+//   (and a syncer of theirs restoring such a file starts from epoch 0, as it
+//   always did).
 //
 // A reader never trusts a length: the file size must equal 32 + body_length +
 // 4 before anything else is read, every count is compared with the bytes left
@@ -136,7 +142,7 @@ inline std::optional<std::uint64_t> checkpoint_serial(std::string_view name) {
 
 namespace detail {
 
-enum class CheckpointSection : std::uint32_t { meta = 1, fragment = 2, members = 3, tensors = 4 };
+enum class CheckpointSection : std::uint32_t { meta = 1, fragment = 2, members = 3, tensors = 4, epoch = 5 };
 inline constexpr std::size_t kCheckpointHeaderBytes = 32;
 inline constexpr std::size_t kCheckpointTrailerBytes = 4;
 inline constexpr std::size_t kCheckpointSectionHeaderBytes = 16;
@@ -397,7 +403,7 @@ inline std::string parse_checkpoint(std::span<const std::byte> file, LoadedCheck
   out.serial = serial;
   SyncerSnapshot& s = out.snapshot;
   ByteReader r(file.subspan(kCheckpointHeaderBytes, payload));
-  bool have_meta = false, have_members = false, have_tensors = false;
+  bool have_meta = false, have_members = false, have_tensors = false, have_epoch = false;
   std::uint64_t fragment_count = 0;
   for (std::uint32_t k = 0; k < sections; ++k) {
     const std::uint32_t tag = r.u32("section tag");
@@ -436,6 +442,15 @@ inline std::string parse_checkpoint(std::span<const std::byte> file, LoadedCheck
         if (have_tensors) return "a second tensors section";
         have_tensors = true;
         err = parse_tensors(c, out.tensors);
+        break;
+      case CheckpointSection::epoch:
+        if (have_epoch) return "a second epoch section";
+        have_epoch = true;
+        s.sequence_epoch = c.u64("epoch.sequence_epoch");
+        if (c.ok() && s.sequence_epoch >= (std::uint64_t{1} << (64 - kSequenceEpochShift)))
+          err = msg("epoch: sequence epoch ", s.sequence_epoch, " does not fit in ", 64 - kSequenceEpochShift, " bits");
+        else
+          err = c.error;
         break;
       default: continue;  // unknown section: skipped
     }
@@ -539,7 +554,7 @@ inline std::vector<std::byte> encode_checkpoint(const SyncerSnapshot& s, std::ui
   detail::ByteWriter w;
   for (char c : kCheckpointMagic) w.bytes().push_back(static_cast<std::byte>(c));
   w.u32(kCheckpointFormatVersion);
-  w.u32(static_cast<std::uint32_t>(2 + s.fragments.size() + (tensors.empty() ? 0 : 1)));
+  w.u32(static_cast<std::uint32_t>(3 + s.fragments.size() + (tensors.empty() ? 0 : 1)));
   w.u64(serial);
   w.u64(0);  // body length, patched below
   using detail::CheckpointSection;
@@ -579,6 +594,7 @@ inline std::vector<std::byte> encode_checkpoint(const SyncerSnapshot& s, std::ui
     for (const auto& l : s.learners)
       for (auto v : {static_cast<std::uint64_t>(l.id), l.incarnation, l.first_sequence, l.join_nonce}) o.u64(v);
   });
+  detail::write_section(w, CheckpointSection::epoch, [&](detail::ByteWriter& o) { o.u64(s.sequence_epoch); });
   if (!tensors.empty()) {
     detail::write_section(w, CheckpointSection::tensors, [&](detail::ByteWriter& o) {
       o.u64(tensors.size());

@@ -1,6 +1,6 @@
 // ddiloco/message.hpp: what learners and the syncer say to each other.
 //
-// What it is: the in-memory form of the protocol's eight messages and the
+// What it is: the in-memory form of the protocol's nine messages and the
 // transport concepts that carry them. Every transport (in-process queues,
 // ZeroMQ) moves `Message` values; the wire encoding lives elsewhere.
 // What it is not: a serialisation format, nor a transport.
@@ -29,6 +29,12 @@
 //                                      fragment (`sequence` = the request's nonce, `step` =
 //                                      the number of fragments); never counted as a learner.
 //                                      `fingerprint` 0 accepts whatever plan the syncer has.
+//   syncer  -> learner rejoin          "I do not know you: join again" (a contribution or
+//                                      heartbeat from an id the syncer has no record of, e.g.
+//                                      it restored a checkpoint older than the learner's
+//                                      join). Rate limited per id; no payload, `sequence` 0.
+//                                      The learner joins with a fresh nonce and keeps its
+//                                      parameters and its unsent progress.
 // A join states the learner's schedule: `steps` = H, `tokens` = tau (0, 0: unstated).
 #pragma once
 
@@ -59,6 +65,7 @@ enum class MessageType : std::uint8_t {
   leave = 6,
   join_refused = 7,
   observe = 8,
+  rejoin = 9,
 };
 
 constexpr std::string_view to_string(MessageType t) noexcept {
@@ -71,6 +78,7 @@ constexpr std::string_view to_string(MessageType t) noexcept {
     case MessageType::leave: return "leave";
     case MessageType::join_refused: return "join_refused";
     case MessageType::observe: return "observe";
+    case MessageType::rejoin: return "rejoin";
   }
   return "unknown";
 }

@@ -33,6 +33,12 @@
 //      not arrived, it is applied on arrival (non-blocking), or, in lock-step mode, step() waits for it
 //      (Streaming DiLoCo) for at most `lock_step_timeout`.
 // Host copies are made only of the fragment being sent or applied.
+// A syncer that does not know this learner (it restored a checkpoint older
+// than the learner's join) answers with MessageType::rejoin: the learner then
+// joins again with a fresh nonce, without blocking and without touching its
+// parameters, bases or counters; it sends nothing until the reply (the new
+// sequence base) is in, so no progress is sent into a rejection, and the
+// reply's fragments count as received globals.
 #pragma once
 
 #include <algorithm>
@@ -103,6 +109,7 @@ struct OuterLoopStatus {
   std::uint64_t heartbeats = 0;
   std::uint64_t lock_step_waits = 0;
   std::uint64_t lock_step_timeouts = 0;
+  std::uint64_t rejoins = 0;            ///< joins again asked for by the syncer (MessageType::rejoin)
   std::uint64_t bytes_sent = 0;
   /// Per apply after a send: versions the fragment's global moved between the
   /// base the sent outer gradient was computed from and the global applied
@@ -252,6 +259,7 @@ class OuterLoop {
     check_params(params, names);
     check_transport();
     joined_ = false;
+    rejoining_ = false;
     // One nonce per incarnation: retried or duplicated joins are idempotent.
     join_nonce_ = detail::join_nonce(config_.id, step_, transport_->clock().now());
     join_sequence_.reset();
@@ -292,12 +300,13 @@ class OuterLoop {
     status_.tokens = tokens_total_;
     StepReport report;
     drain();
+    maybe_resend_rejoin();
     // Send before applying: with tau = 0 the fragment sent at this step is
     // also the one applied at this step (synchronous DiLoCo / data-parallel);
     // applying first would discard this step's progress and leave nothing to
     // send, so a lock-step learner synced only every other step. With tau >= 1
     // a fragment is never due for both in one step, so the order is moot.
-    if (auto p = schedule_.due_at(step_)) {
+    if (auto p = schedule_.due_at(step_); p && !rejoining_) {  // rejoining: progress kept for the next send
       if (send_fragment(*p, params)) report.sent = *p;
     }
     report.applied = apply_due(params, report);
@@ -317,6 +326,7 @@ class OuterLoop {
     if (!joined_) return 0;
     check_params(params, {});
     drain();
+    maybe_resend_rejoin();
     StepReport ignored;
     const std::size_t applied = apply_due(params, ignored, /*may_block=*/false);
     maybe_heartbeat();
@@ -344,6 +354,8 @@ class OuterLoop {
   }
 
   [[nodiscard]] bool joined() const noexcept { return joined_; }
+  /// True between a rejoin request from the syncer and its reply (no sends meanwhile).
+  [[nodiscard]] bool rejoining() const noexcept { return rejoining_; }
   [[nodiscard]] const OuterLoopStatus& status() const noexcept { return status_; }
   [[nodiscard]] const Schedule& schedule() const noexcept { return schedule_; }
   [[nodiscard]] const OuterLoopConfig& config() const noexcept { return config_; }
@@ -461,15 +473,42 @@ class OuterLoop {
     while (auto m = transport_->try_receive()) on_message(std::move(*m));
   }
 
+  /// While rejoining, the join request is sent again every join_retry (a lost
+  /// request or reply must not stop this learner's sends for good).
+  void maybe_resend_rejoin() {
+    if (rejoining_ && transport_->clock().now() - join_sent_ >= config_.join_retry) send_join();
+  }
+
   void on_message(Message&& m) {
     ++status_.received;
-    if (m.type == MessageType::join_refused && !joined_ && m.learner == config_.id && m.sequence == join_nonce_)
+    if (m.type == MessageType::join_refused && (!joined_ || rejoining_) && m.learner == config_.id &&
+        m.sequence == join_nonce_)
       throw ProtocolError(refusal_text(m));
+    if (m.type == MessageType::rejoin) {
+      if (!joined_ || rejoining_ || m.learner != config_.id || m.fingerprint != plan_->fingerprint()) {
+        ++status_.ignored;  // joining or rejoining already, or not for this learner and plan
+        return;
+      }
+      // The syncer has no record of this learner: a new incarnation (fresh
+      // nonce), the same parameters, bases and counters.
+      rejoining_ = true;
+      ++status_.rejoins;
+      join_nonce_ = detail::join_nonce(config_.id, step_, transport_->clock().now());
+      send_join();
+      return;
+    }
     const bool global = m.type == MessageType::global_fragment || m.type == MessageType::full_state;
     if (!global || m.fingerprint != plan_->fingerprint() || m.learner != config_.id || m.fragment >= frags_.size() ||
         !m.payload || m.payload->size() != frags_[m.fragment].base.size()) {
       ++status_.ignored;
       return;
+    }
+    if (m.type == MessageType::full_state && rejoining_) {
+      // The rejoin's reply: sequences go on from the new incarnation's base
+      // (never below what this learner used already); the fragment itself is
+      // a received global like any other, handled below.
+      sequence_ = std::max(sequence_, m.sequence);
+      rejoining_ = false;
     }
     auto& f = frags_[m.fragment];
     if (m.type == MessageType::full_state && !joined_) {
@@ -719,6 +758,7 @@ class OuterLoop {
   std::uint64_t join_nonce_ = 0;
   std::size_t join_received_ = 0;
   bool joined_ = false;
+  bool rejoining_ = false;  ///< a rejoin request is out, its reply not yet in
   TimePoint last_send_{0};
   TimePoint join_sent_{0};
   OuterLoopStatus status_{};

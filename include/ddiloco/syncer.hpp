@@ -33,7 +33,12 @@
 // fingerprint, unknown learner, bad fragment index, wrong size, non-finite
 // values, norm far outside the recent range, inconsistent counters, duplicate
 // or replayed sequence, base version too old (answered with the current
-// fragment) or from the future.
+// fragment) or from the future. A contribution or heartbeat from an unknown
+// learner (one that joined after the checkpoint this syncer restored) is also
+// answered with MessageType::rejoin, rate limited per id and in total.
+// Sequence spaces: bits 48-63 of a sequence are the restore epoch
+// (SyncerSnapshot::sequence_epoch, see advance_epoch()), so a join after a
+// crash restore never gets a space an incarnation lost in the crash used.
 #pragma once
 
 #include <algorithm>
@@ -219,6 +224,14 @@ struct SyncerConfig {
   /// its join starts an incarnation numbered above every pruned one, so its
   /// new sequences can never collide with its old ones.
   Duration prune_after = std::chrono::minutes(5);
+  /// A contribution or heartbeat from a learner id the syncer does not know
+  /// (it joined after the checkpoint this syncer restored, or was forgotten)
+  /// is answered with MessageType::rejoin, at most once per `rejoin_interval`
+  /// per id and at most `rejoin_burst` times per interval for all ids together;
+  /// the rest are counted (rejoin_requests_limited), so a flood of unknown ids
+  /// gets at most that many small replies.
+  Duration rejoin_interval = std::chrono::seconds(1);
+  std::size_t rejoin_burst = 64;
 };
 
 /// Validates a SyncerConfig; throws InvalidArgument naming the bad field.
@@ -253,6 +266,10 @@ inline void validate(const SyncerConfig& c) {
   if (c.prune_after <= Duration{0})
     throw InvalidArgument(detail::msg("SyncerConfig::prune_after = ", c.prune_after.count(),
                                       " ns must be > 0 (default 5 min)"));
+  if (c.rejoin_interval <= Duration{0} || c.rejoin_burst == 0)
+    throw InvalidArgument(detail::msg("SyncerConfig: rejoin_interval = ", c.rejoin_interval.count(),
+                                      " ns and rejoin_burst = ", c.rejoin_burst,
+                                      " must be > 0 (defaults 1 s and 64)"));
 }
 
 /// A join or observe request the syncer refused, for the operator's log
@@ -336,6 +353,10 @@ struct SyncerStatus {
   std::uint64_t joins_over_capacity = 0;  ///< joins refused with JoinRefusal::full (also in joins_refused)
   std::uint64_t joins_limited = 0;        ///< joins dropped unanswered by the join rate limits or repeat rule
   std::uint64_t learners_pruned = 0;      ///< departed learners forgotten (prune_after, or to make room)
+  std::uint64_t rejoin_requests = 0;          ///< unknown learners answered with MessageType::rejoin
+  std::uint64_t rejoin_requests_limited = 0;  ///< ... not answered (rate limit; still counted unknown_learner)
+  /// Restores this syncer's state has been through (SyncerSnapshot::sequence_epoch).
+  std::uint64_t sequence_epoch = 0;
   /// Per merge: seconds from its round's first accepted contribution to the
   /// merged fragment being published (queued for the learners). Since this
   /// Syncer was constructed (not checkpointed), summed over fragments.
@@ -440,9 +461,32 @@ struct SyncerSnapshot {
   std::uint64_t bytes_out = 0;
   /// Syncer-wide rejections (the per-fragment ones are in FragmentSnapshot).
   std::array<std::uint64_t, kRejectReasons> rejected{};
+  /// Restores after a crash so far (advance_epoch() adds one). Every sequence
+  /// space a join hands out is at or above sequence_epoch << kSequenceEpochShift,
+  /// so a learner that joins after a restore never gets a space that an
+  /// incarnation lost in the crash (joined after the checkpoint) already used.
+  std::uint64_t sequence_epoch = 0;
 
   bool operator==(const SyncerSnapshot&) const = default;
 };
+
+/// Sequence numbers: bits 0-31 count one incarnation's contributions, bits
+/// 32-47 its incarnation within a restore epoch, bits 48-63 the epoch
+/// (SyncerSnapshot::sequence_epoch). A join takes the next 2^32 block after
+/// the learner's previous one, or the epoch's first block if that is higher.
+inline constexpr unsigned kSequenceEpochShift = 48;
+inline constexpr unsigned kIncarnationShift = 32;
+
+namespace detail {
+/// The highest sequence epoch any sequence recorded in `s` belongs to.
+inline std::uint64_t highest_sequence_epoch(const SyncerSnapshot& s) noexcept {
+  std::uint64_t e = s.sequence_epoch;
+  for (const auto& l : s.learners) e = std::max(e, l.first_sequence >> kSequenceEpochShift);
+  for (const auto& f : s.fragments)
+    for (const auto& [id, seq] : f.last_sequence) e = std::max(e, seq >> kSequenceEpochShift);
+  return e;
+}
+}  // namespace detail
 
 /// Prepares a snapshot for a restart after a crash: moves every fragment's
 /// version to the start of the next 2^32 block (a new epoch). Merges made
@@ -455,8 +499,18 @@ struct SyncerSnapshot {
 /// current fragment, newer than anything the learner holds, and the learner
 /// rebases on it (tests/multiprocess/kill_syncer.sh). An exact restore (same
 /// process, no lost merges) does not need this.
+///
+/// It also starts a new sequence epoch (SyncerSnapshot::sequence_epoch, one
+/// above the highest epoch any recorded sequence is in): joins after the
+/// restore get sequence spaces above everything handed out before the crash,
+/// recorded or lost with it, so an honest learner's contributions are never
+/// taken for duplicates. The epoch only protects against crashes if it is on
+/// disk before the syncer serves: write a checkpoint of the restored state
+/// first (ddiloco_syncer does), or two crashes in a row from one checkpoint
+/// would hand out the same epoch (and the same versions) twice.
 inline void advance_epoch(SyncerSnapshot& s) noexcept {
   for (auto& f : s.fragments) f.version = ((f.version >> 32) + 1) << 32;
+  s.sequence_epoch = detail::highest_sequence_epoch(s) + 1;
 }
 
 namespace detail {
@@ -586,13 +640,14 @@ class Syncer {
     if (m.fingerprint != plan_.fingerprint()) return reject(RejectReason::foreign_plan, m);
     switch (m.type) {
       case MessageType::leave: return on_leave(m);
-      case MessageType::heartbeat: return on_heartbeat(m, now);
-      case MessageType::contribution: return on_contribution(m, now, out);
+      case MessageType::heartbeat: on_heartbeat(m, now); return send_rejoin_requests(out);
+      case MessageType::contribution: on_contribution(m, now, out); return send_rejoin_requests(out);
       case MessageType::join:
       case MessageType::observe:
       case MessageType::full_state:
       case MessageType::global_fragment:
-      case MessageType::join_refused: return reject(RejectReason::unexpected_type);
+      case MessageType::join_refused:
+      case MessageType::rejoin: return reject(RejectReason::unexpected_type);
     }
     reject(RejectReason::unexpected_type);
   }
@@ -631,6 +686,7 @@ class Syncer {
       handle(m, out);
     }
     fold(pending, out);
+    send_rejoin_requests(out);
   }
 
   /// Lets time pass: declares silent learners dead and merges every fragment
@@ -722,6 +778,7 @@ class Syncer {
     {
       std::unique_lock lock(members_mutex_);
       s = counters_;
+      s.sequence_epoch = sequence_epoch_;
       s.learners_known = learners_.size();
       s.learners_alive = static_cast<std::size_t>(
           std::count_if(learners_.begin(), learners_.end(), [](const auto& kv) { return kv.second.alive; }));
@@ -815,6 +872,7 @@ class Syncer {
     s.bytes_in = counters_.bytes_in;
     s.bytes_out = counters_.bytes_out;
     s.rejected = counters_.rejected;
+    s.sequence_epoch = sequence_epoch_;
     return s;
   }
 
@@ -883,6 +941,10 @@ class Syncer {
     // were <= the join count (see incarnation_floor_).
     incarnation_floor_ = s.joins;
     for (const auto& l : s.learners) incarnation_floor_ = std::max(incarnation_floor_, l.incarnation);
+    // Their sequences are at most the highest one the snapshot holds.
+    sequence_floor_ = 0;
+    for (const auto& f : s.fragments)
+      for (const auto& [id, seq] : f.last_sequence) sequence_floor_ = std::max(sequence_floor_, seq);
     join_window_start_.reset();
     join_window_count_ = 0;
     counters_.leaves = s.leaves;
@@ -890,6 +952,11 @@ class Syncer {
     counters_.bytes_in = s.bytes_in;
     counters_.bytes_out = s.bytes_out;
     counters_.rejected = s.rejected;
+    sequence_epoch_ = s.sequence_epoch;
+    rejoin_last_.clear();
+    rejoin_due_.clear();
+    rejoin_window_start_.reset();
+    rejoin_window_count_ = 0;
     merges_total_.store(merges, std::memory_order_relaxed);
   }
 
@@ -925,6 +992,10 @@ class Syncer {
         throw ProtocolError(detail::msg("Syncer::restore: fragment ", p, " norm_ema = ", fs.norm_ema,
                                         " must be finite and >= 0"));
     }
+    if (detail::highest_sequence_epoch(s) >= (std::uint64_t{1} << (64 - kSequenceEpochShift)))
+      throw ProtocolError(detail::msg("Syncer::restore: snapshot sequence epoch ", detail::highest_sequence_epoch(s),
+                                      " does not fit in ", 64 - kSequenceEpochShift,
+                                      " bits (that many restores); start the run afresh"));
     for (std::size_t i = 1; i < s.learners.size(); ++i)
       if (s.learners[i].id <= s.learners[i - 1].id)
         throw ProtocolError(detail::msg("Syncer::restore: learner ids must be distinct and sorted, but id ",
@@ -1184,6 +1255,7 @@ class Syncer {
       if (fresh) {
         // Numbered above every forgotten incarnation (its sequences are gone).
         l.incarnation = incarnation_floor_;
+        l.first_sequence = sequence_floor_;
         l.window_start = now;
         l.window_count = 1;
       }
@@ -1191,8 +1263,10 @@ class Syncer {
       if (fresh || l.incarnation == 0 || l.join_nonce != m.sequence) {
         ++l.incarnation;
         // Each incarnation gets its own sequence space, so a late message from a
-        // previous incarnation can never be mistaken for a new one.
-        l.first_sequence = l.incarnation << 32;
+        // previous incarnation can never be mistaken for a new one; after a
+        // restore the space is in the new epoch, above any space lost in the crash.
+        l.first_sequence = std::max(l.first_sequence + (std::uint64_t{1} << kIncarnationShift),
+                                    sequence_epoch_ << kSequenceEpochShift);
         l.join_nonce = m.sequence;
         l.last_contribution.reset();
         ++counters_.joins;
@@ -1243,6 +1317,7 @@ class Syncer {
   /// members_mutex_.
   void forget_locked(typename std::map<LearnerId, LearnerInfo>::iterator it) {
     incarnation_floor_ = std::max(incarnation_floor_, it->second.incarnation);
+    sequence_floor_ = std::max(sequence_floor_, it->second.first_sequence);
     learners_.erase(it);
     ++counters_.learners_pruned;
   }
@@ -1278,6 +1353,7 @@ class Syncer {
     auto it = learners_.find(id);
     if (it == learners_.end()) {
       ++counters_.rejected[static_cast<std::size_t>(RejectReason::unknown_learner)];
+      ask_rejoin_locked(id, now);
       return false;
     }
     auto& l = it->second;
@@ -1294,6 +1370,47 @@ class Syncer {
   }
 
   void on_heartbeat(const Message& m, TimePoint now) { touch(m.learner, now); }
+
+  /// Notes that unknown learner `id` should be asked to join again, unless it
+  /// was asked less than rejoin_interval ago or the interval's burst for all
+  /// ids is spent (then only counted). Caller holds members_mutex_.
+  void ask_rejoin_locked(LearnerId id, TimePoint now) {
+    if (!rejoin_window_start_ || now - *rejoin_window_start_ >= config_.rejoin_interval) {
+      rejoin_window_start_ = now;
+      rejoin_window_count_ = 0;
+    }
+    const auto last = rejoin_last_.find(id);
+    if (rejoin_window_count_ >= config_.rejoin_burst ||
+        (last != rejoin_last_.end() && now - last->second < config_.rejoin_interval)) {
+      ++counters_.rejoin_requests_limited;
+      return;
+    }
+    if (rejoin_last_.size() >= 1024)  // ids not asked within an interval need no entry
+      std::erase_if(rejoin_last_, [&](const auto& kv) { return now - kv.second >= config_.rejoin_interval; });
+    rejoin_last_[id] = now;
+    ++rejoin_window_count_;
+    ++counters_.rejoin_requests;
+    rejoin_due_.push_back(id);
+  }
+
+  /// Queues a MessageType::rejoin for every id ask_rejoin_locked() noted.
+  void send_rejoin_requests(Outbox& out) {
+    std::vector<LearnerId> ids;
+    {
+      std::unique_lock lock(members_mutex_);
+      if (rejoin_due_.empty()) return;
+      ids.swap(rejoin_due_);
+    }
+    const std::size_t from = out.size();
+    for (LearnerId id : ids) {
+      Message r;
+      r.type = MessageType::rejoin;
+      r.fingerprint = plan_.fingerprint();
+      r.learner = id;
+      out.push_back({id, std::move(r)});
+    }
+    count_out(out, from);
+  }
 
   // ---- contributions ------------------------------------------------------
   /// A contribution that passed the checks needing no fragment lock.
@@ -1571,6 +1688,17 @@ class Syncer {
   /// SyncerSnapshot: restore() sets it to the snapshot's join count, which no
   /// incarnation number ever exceeds (each is issued with one join counted).
   std::uint64_t incarnation_floor_ = 0;
+  /// The highest first sequence of any forgotten learner (under
+  /// members_mutex_): a forgotten id that comes back starts its sequence space
+  /// above it, so its new sequences never collide with its old ones.
+  std::uint64_t sequence_floor_ = 0;
+  // Rejoin requests to unknown learners (under members_mutex_): ids due an
+  // answer, the last answer per id, and the all-ids window.
+  std::uint64_t sequence_epoch_ = 0;  ///< SyncerSnapshot::sequence_epoch
+  std::vector<LearnerId> rejoin_due_;
+  std::map<LearnerId, TimePoint> rejoin_last_;
+  std::optional<TimePoint> rejoin_window_start_;
+  std::size_t rejoin_window_count_ = 0;
 };
 
 }  // namespace ddiloco

@@ -14,7 +14,7 @@
 //   offset size field
 //        0    4 magic              "DDLF" (0x44 0x44 0x4C 0x46)
 //        4    2 protocol version   1
-//        6    1 message type       MessageType (1..8)
+//        6    1 message type       MessageType (1..9)
 //        7    1 codec              Codec (0..4)
 //        8    8 fingerprint        Message::fingerprint
 //       16    4 learner            Message::learner
@@ -29,7 +29,7 @@
 //       80    4 payload CRC-32C    over the payload bytes (detail/checksum.hpp)
 //       84    4 header CRC-32C     over bytes [0, 84)
 //       88      payload
-// join, heartbeat, leave, join_refused and observe carry no payload (n = 0). A
+// join, heartbeat, leave, join_refused, observe and rejoin carry no payload (n = 0). A
 // null payload and an empty one are the same on the wire; both decode to a null
 // `Message::payload`. A join_refused names its reason in the fragment field (a
 // JoinRefusal, message.hpp); any other value is bad_reason.
@@ -77,10 +77,10 @@ enum class WireError : std::uint8_t {
   bad_magic,           ///< not a ddiloco frame
   bad_version,         ///< another protocol version
   header_checksum,     ///< header bytes corrupted
-  bad_type,            ///< message type outside 1..8
+  bad_type,            ///< message type outside 1..9
   bad_codec,           ///< codec outside 0..4
   bad_counters,        ///< negative steps or tokens
-  unexpected_payload,  ///< join / heartbeat / leave / join_refused / observe with elements
+  unexpected_payload,  ///< join / heartbeat / leave / join_refused / observe / rejoin with elements
   too_large,           ///< element count above DecodeLimits::max_elements
   length_mismatch,     ///< payload length field inconsistent with codec and count, or trailing bytes
   payload_checksum,    ///< payload bytes corrupted
@@ -202,7 +202,7 @@ inline constexpr std::size_t magic = 0, protocol = 4, type = 6, codec = 7, finge
                              elements = 64, payload_bytes = 72, payload_crc = 80, header_crc = 84;
 }  // namespace frame_offset
 
-constexpr bool is_valid_message_type(std::uint8_t raw) noexcept { return raw >= 1 && raw <= 8; }
+constexpr bool is_valid_message_type(std::uint8_t raw) noexcept { return raw >= 1 && raw <= 9; }
 
 constexpr bool carries_payload(MessageType t) noexcept {
   return t == MessageType::full_state || t == MessageType::contribution || t == MessageType::global_fragment;

@@ -445,6 +445,7 @@ class LearnerCore {
     d["heartbeats"] = s.heartbeats;
     d["lock_step_waits"] = s.lock_step_waits;
     d["lock_step_timeouts"] = s.lock_step_timeouts;
+    d["rejoins"] = s.rejoins;
     d["bytes_sent"] = s.bytes_sent;
     std::vector<std::uint64_t> versions;
     for (std::size_t p = 0; p < plan_->num_fragments(); ++p) versions.push_back(loop_->base_version(p));

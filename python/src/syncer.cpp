@@ -172,6 +172,7 @@ class SyncerCore {
     d["joins"] = s.joins;
     d["leaves"] = s.leaves;
     d["deaths"] = s.deaths;
+    d["rejoin_requests"] = s.rejoin_requests;
     d["merges"] = s.merges;
     d["contributions_accepted"] = s.contributions_accepted;
     d["mean_quorum_size"] = s.mean_quorum_size();

@@ -11,11 +11,16 @@
 #     twice and prints its validation loss; the syncer never counts it.
 # Two honest learners keep training meanwhile and finish, reporting the
 # validation loss of the global model next to their own (val-global).
-# Every wait is on an event (a status value, a log line, an exit).
+# Every wait is on an event (a status value, a log line, an exit). The honest
+# learners have no step limit: they stop when the test creates their stop file,
+# after it has seen everything and they have trained STEPS steps (a budget of
+# STEPS raced the test: on a fast machine they finished before the refusals
+# and the observer were done, and "keep merging" then timed out).
 # Usage: unlisted_key.sh SYNCER LEARNER KEYGEN
 source "$(dirname "$0")/lib.sh"
 
 STEPS=2000
+STOP="$WORK/stop-honest"
 # log_has with a fixed string: Z85 keys hold characters grep would read as a pattern ([ . * $).
 log_has_text() { grep -qF -- "$2" "$WORK/$1.log" 2>/dev/null; }
 
@@ -25,7 +30,7 @@ echo "50 $(public_key observer)" >>"$WORK/keys/allow"
 echo "51 $(public_key foreign)" >>"$WORK/keys/allow"
 start_syncer syncer --keys "$WORK/keys/syncer.key" --allow "$WORK/keys/allow"
 for i in 0 1; do
-  start_learner "l$i" "$i" 2 "$STEPS" --keys "$WORK/keys/l$i.key" --server-key "$WORK/keys/syncer.pub"
+  start_learner "l$i" "$i" 2 0 --stop-file "$STOP" --keys "$WORK/keys/l$i.key" --server-key "$WORK/keys/syncer.pub"
 done
 wait_until 60 "10 merges" status_at_least merges syncer 10
 merges=$(status merges syncer)
@@ -72,7 +77,9 @@ wait_until 20 "the observer's fetches in the status file" status_at_least observ
 note "  $(grep 'fetch 2' "$WORK/observer.log")"
 
 wait_until 60 "the honest learners to keep merging" status_at_least merges syncer "$((merges + 20))"
-for i in 0 1; do wait_until 120 "learner $i to finish" log_has "l$i" "learner $i: done"; done
+for i in 0 1; do wait_until 120 "learner $i to train $STEPS steps" log_has "l$i" "learner $i: step $STEPS "; done
+touch "$STOP"
+for i in 0 1; do wait_until 60 "learner $i to finish" log_has "l$i" "learner $i: done"; done
 [ "$(status learners_known syncer)" -eq 2 ] ||
   fail "the syncer knows $(status learners_known syncer) learners, not 2 (refused learners and the observer do not count)"
 [ "$(status impersonations syncer)" -eq 0 ] || fail "impersonations counted although the intruder never connected"

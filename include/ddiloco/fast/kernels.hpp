@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -737,11 +738,25 @@ inline void use_baseline_kernels(bool baseline) noexcept {
 #endif
 }
 
+/// sum_i x_i^2, summed in fp32 lanes per block of kNormBlock and in double
+/// across blocks. Finite values near the fp32 limit (|x| above ~1.8e19) overflow
+/// an fp32 lane: when the fast sum is not finite it is taken again element by
+/// element in double, so the result is infinite or NaN only when a value is.
 inline double squared_norm(const float* __restrict__ x, std::size_t n) noexcept {
+  double sq = 0.0;
 #ifdef DDILOCO_FAST_HAVE_AVX2_CLONES
-  if (detail::avx2_enabled()) return detail::squared_norm_avx2(x, n);
+  if (detail::avx2_enabled()) {
+    sq = detail::squared_norm_avx2(x, n);
+  } else {
+    sq = detail::squared_norm_base(x, n);
+  }
+#else
+  sq = detail::squared_norm_base(x, n);
 #endif
-  return detail::squared_norm_base(x, n);
+  if (std::isfinite(sq)) return sq;
+  double exact = 0.0;
+  for (std::size_t i = 0; i < n; ++i) exact += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return exact;
 }
 
 inline double running_mean_update_sq(float f, float s, const float* __restrict__ x,

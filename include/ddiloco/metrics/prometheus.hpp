@@ -201,6 +201,8 @@ class SyncerMetrics {
     joins_full_ = total("joins_over_capacity_total",
                         "Joins refused because the syncer knows its maximum of learners, all alive.");
     pruned_ = total("learners_pruned_total", "Departed learners forgotten (after the prune time, or to make room).");
+    rejoin_requests_ = total("rejoin_requests_total",
+                             "Unknown learners (e.g. joined after the restored checkpoint) asked to join again.");
     in_ = total("message_received_bytes_total", "Bytes of the messages the syncer handled (header + payload).");
     out_ = total("message_sent_bytes_total", "Bytes of the messages the syncer queued for learners (header + payload).");
     auto& rejected = counter_family(r, "ddiloco_syncer_contributions_rejected_total",
@@ -272,6 +274,14 @@ class SyncerMetrics {
       if (!bounds_) bounds_.emplace(*registry_);
       bounds_->set(transport);
     }
+    if constexpr (requires { transport.handshake_failures; }) {
+      if (!handshake_failures_)
+        handshake_failures_.emplace(
+            detail::counter_family(*registry_, "ddiloco_syncer_handshake_failures_total",
+                                   "Handshakes failed before authentication (a plaintext peer or another server key).")
+                .Add({}));
+      handshake_failures_->set(transport.handshake_failures);
+    }
   }
 
   /// A checkpoint was written successfully now.
@@ -306,6 +316,7 @@ class SyncerMetrics {
     joins_limited_.set(s.joins_limited, count);
     joins_full_.set(s.joins_over_capacity, count);
     pruned_.set(s.learners_pruned, count);
+    rejoin_requests_.set(s.rejoin_requests, count);
     in_.set(s.bytes_in, count);
     out_.set(s.bytes_out, count);
     for (std::size_t i = 0; i < kRejectReasons; ++i) rejected_[i].set(s.rejected[i], count);
@@ -380,9 +391,9 @@ class SyncerMetrics {
   std::optional<detail::TransportSeries> transport_;  ///< registered at the first update with transport counters
   std::optional<BoundSeries> bounds_;                  ///< likewise, for a transport with memory-bound counters
   detail::TotalCounter merges_, grace_waits_, deadline_merges_, accepted_, joins_, leaves_, deaths_, in_, out_,
-      checkpoints_, joins_limited_, joins_full_, pruned_;
+      checkpoints_, joins_limited_, joins_full_, pruned_, rejoin_requests_;
   std::array<detail::TotalCounter, kRejectReasons> rejected_{};
-  std::optional<detail::TotalCounter> auth_denied_, impersonations_;
+  std::optional<detail::TotalCounter> auth_denied_, impersonations_, handshake_failures_;
   prometheus::Gauge* alive_ = nullptr;
   prometheus::Gauge* known_ = nullptr;
   prometheus::Gauge* checkpoint_age_ = nullptr;
@@ -415,6 +426,7 @@ class LearnerMetrics {
     received_ = total("globals_received_total", "Global fragments received from the syncer.");
     ignored_ = total("globals_ignored_total", "Received messages ignored (foreign plan, bad size, old version).");
     heartbeats_ = total("heartbeats_total", "Heartbeats sent (nothing else sent for a heartbeat interval).");
+    rejoins_ = total("rejoins_total", "Joins again because the syncer did not know this learner (after a restore).");
     payload_ = total("contribution_bytes_total", "Payload bytes of the messages this learner sent.");
     auto hist = [&](const char* name, const char* help) {
       const auto b = staleness_bounds();
@@ -454,6 +466,7 @@ class LearnerMetrics {
     received_.set(s.received);
     ignored_.set(s.ignored);
     heartbeats_.set(s.heartbeats);
+    rejoins_.set(s.rejoins);
     payload_.set(s.bytes_sent);
     staleness_.set(s.staleness_versions);
     delay_.set(s.apply_delay_steps);
@@ -464,7 +477,7 @@ class LearnerMetrics {
   prometheus::Labels labels_;
   std::optional<detail::TransportSeries> transport_;  ///< registered at the first update with transport counters
   detail::TotalCounter steps_, tokens_, sends_, send_failures_, applies_, late_applies_, received_, ignored_,
-      heartbeats_, payload_;
+      heartbeats_, payload_, rejoins_;
   detail::TotalHistogram staleness_, delay_;
 };
 
