@@ -1,0 +1,66 @@
+#!/usr/bin/python3
+"""Plot validation loss vs training time and vs tokens for train_gpt.py runs (matplotlib, Agg).
+
+    /usr/bin/python3 examples/python/plot.py results/python/ddiloco/results.json \\
+        results/python/ddp/results.json --out results/python/loss.png
+
+Each results.json holds the curve of process 0 (its own parameters, evaluation time left out of
+the time axis; tokens are those of all processes at that step). A ddiloco run's final global
+(the syncer's parameters, evaluated at the end) is drawn as a marker at the run's last point.
+"""
+import argparse
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="+", help="results.json files written by train_gpt.py")
+    ap.add_argument("--out", default="loss.png", help="the PNG to write (default: %(default)s)")
+    a = ap.parse_args(argv)
+    runs = []
+    for path in a.results:
+        if not os.path.exists(path):
+            ap.error(f"{path} does not exist; run examples/python/train_gpt.py --out DIR first (it writes "
+                     "DIR/results.json)")
+        with open(path) as f:
+            r = json.load(f)
+        if not r.get("curve"):
+            ap.error(f"{path} has no validation curve; is it a train_gpt.py results.json?")
+        runs.append(r)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in runs:
+        label = r["mode"] if r["mode"] == "ddp" else (
+            f"ddiloco (M = {r['config']['learners']}, H = {r['config']['sync_every']}, "
+            f"P = {r['config']['fragments']})")
+        label += f", {r['processes']} processes"
+        xs_t = [p["time_s"] for p in r["curve"]]
+        xs_k = [p["tokens"] / 1e6 for p in r["curve"]]
+        ys = [p["val_loss"] for p in r["curve"]]
+        for ax, xs in zip(axes, (xs_t, xs_k)):
+            line, = ax.plot(xs, ys, marker=".", label=label)
+            if r.get("final_val_global") is not None:
+                ax.plot([xs[-1]], [r["final_val_global"]], marker="*", markersize=12, color=line.get_color(),
+                        linestyle="none", label=f"{r['mode']}: syncer's global at the end")
+    axes[0].set_xlabel("training time of process 0, s (evaluation excluded)")
+    axes[1].set_xlabel("tokens, millions (all processes)")
+    for ax in axes:
+        ax.set_ylabel("validation loss, nats / char")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle("Character GPT on fortunes: Decoupled DiLoCo vs DDP at the same token budget")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    fig.savefig(a.out, dpi=110)
+    print(f"plot.py: wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
