@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import datetime
 import json
 import math
 import os
@@ -183,7 +184,7 @@ def worker(config_path: str, process: int) -> int:
     if ranks > 1 or cfg["mode"] == "ddp":
         port = cfg["ddp_port"] if cfg["mode"] == "ddp" else cfg["group_port"]
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks,
-                                timeout=__import__("datetime").timedelta(seconds=120))
+                                timeout=datetime.timedelta(seconds=300))  # above join_timeout
         group = dist.group.WORLD
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.95), weight_decay=0.01)
 
@@ -203,7 +204,11 @@ def worker(config_path: str, process: int) -> int:
     # so its initial broadcast from rank 0 carries the joined values).
     net = torch.nn.parallel.DistributedDataParallel(model) if group is not None else model
 
+    # Wall and CPU (this thread's) seconds of the steps and of the ddiloco calls in them: on an
+    # oversubscribed machine a call that wakes ZeroMQ's I/O thread can lose the core for a time
+    # slice, which the wall time counts and the CPU time does not.
     curve, train_s, eval_s, ddiloco_s, last_loss = [], 0.0, 0.0, 0.0, float("nan")
+    train_cpu, ddiloco_cpu = 0.0, 0.0
     losses = []
 
     def record(step: int) -> None:
@@ -219,7 +224,7 @@ def worker(config_path: str, process: int) -> int:
         record(0)
     t_start = time.perf_counter()
     for step in range(1, cfg["steps"] + 1):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for group_ in opt.param_groups:
             group_["lr"] = cfg["lr"] * min(1.0, step / cfg["warmup"])
         x, y = sampler.next()
@@ -228,12 +233,14 @@ def worker(config_path: str, process: int) -> int:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         if learner is not None:
-            learner.step(tokens_per_step * ranks)
-        t2 = time.perf_counter()
+            learner.step(tokens_per_step)  # a group learner sums its ranks' tokens
+        t2, c2 = time.perf_counter(), time.thread_time()
         ddiloco_s += t2 - t1
+        ddiloco_cpu += c2 - c1
         train_s += t2 - t0
+        train_cpu += c2 - c0
         last_loss = loss.item()
         losses.append(last_loss)
         if process == 0 and (step % cfg["eval_every"] == 0 or step == cfg["steps"]):
@@ -242,7 +249,8 @@ def worker(config_path: str, process: int) -> int:
             extra = ""
             if learner is not None:
                 st = learner.status()
-                extra = f" | ddiloco {100 * ddiloco_s / train_s:.2f}% of step time, sends {st['sends']} " \
+                extra = f" | ddiloco {100 * ddiloco_s / train_s:.2f}% of step time " \
+                        f"({100 * ddiloco_cpu / max(train_cpu, 1e-9):.2f}% of CPU), sends {st['sends']} " \
                         f"applies {st['applies']}"
             print(f"{tag} step {step}/{cfg['steps']} loss {last_loss:.4f} | "
                   f"{step * tokens_per_step * ranks / train_s:.0f} tok/s{extra}", flush=True)
@@ -253,10 +261,13 @@ def worker(config_path: str, process: int) -> int:
               "step_ms": 1e3 * train_s / cfg["steps"], "first_loss": losses[0], "last_loss": last_loss,
               "mean_last_loss": sum(losses[-20:]) / len(losses[-20:]), "curve": curve, "sgemm_onednn": sgemm}
     if learner is not None:
-        st = learner.status()
+        st = learner.status() if rank == 0 else {}
         result.update({"ddiloco_s": ddiloco_s, "ddiloco_overhead_pct": 100.0 * ddiloco_s / train_s, "join_s": join_s,
-                       "sends": st["sends"], "applies": st["applies"], "late_applies": st["late_applies"],
-                       "bytes_sent": st["bytes_out"], "bytes_received": st["bytes_in"]})
+                       "train_cpu_s": train_cpu, "ddiloco_cpu_s": ddiloco_cpu,
+                       "ddiloco_overhead_cpu_pct": 100.0 * ddiloco_cpu / max(train_cpu, 1e-9),
+                       "sends": st.get("sends", 0), "applies": st.get("applies", 0),
+                       "late_applies": st.get("late_applies", 0), "bytes_sent": st.get("bytes_out", 0),
+                       "bytes_received": st.get("bytes_in", 0)})
         learner.close()
     elif cfg["mode"] == "ddp":
         # Gloo does not count bytes: a ring all-reduce sends 2 (N - 1) / N of the gradient per rank and step.
@@ -276,7 +287,7 @@ def make_group_learner(ddiloco, model, group, rank, kw):
     if not hasattr(ddiloco, "GroupLearner"):
         raise SystemExit("this ddiloco package has no group learners (ddiloco.GroupLearner); run with "
                          "--group-ranks 1")
-    return ddiloco.GroupLearner(model, group=group, **kw).join()
+    return ddiloco.GroupLearner(model, group=group, leader=0, **kw).join()
 
 
 # ---- launcher ----------------------------------------------------------------------------------
@@ -448,6 +459,8 @@ def collect(args, cfg: dict, out: str, wall_s: float) -> dict:
     if args.mode == "ddiloco":
         res["ddiloco_overhead_pct"] = {str(p["process"]): p["ddiloco_overhead_pct"] for p in procs}
         res["ddiloco_overhead_pct_max"] = max(p["ddiloco_overhead_pct"] for p in procs)
+        res["ddiloco_overhead_cpu_pct"] = {str(p["process"]): p["ddiloco_overhead_cpu_pct"] for p in procs}
+        res["ddiloco_overhead_cpu_pct_max"] = max(p["ddiloco_overhead_cpu_pct"] for p in procs)
         status = os.path.join(out, "syncer-status.txt")
         if os.path.exists(status):
             with open(status) as f:
@@ -485,8 +498,9 @@ def summary(r: dict, out: str) -> None:
           + f"; {r['tokens']} tokens in {r['train_s']:.1f} s of training ({r['wall_s']:.1f} s wall); "
           f"{r['bytes_sent_per_learner'] / 1e6:.1f} MB sent per learner", flush=True)
     if r["mode"] == "ddiloco":
-        print("train_gpt: time in ddiloco calls / step time: " +
-              ", ".join(f"process {k} {v:.2f}%" for k, v in r["ddiloco_overhead_pct"].items()), flush=True)
+        print("train_gpt: time in ddiloco calls / step time, wall (CPU): " +
+              ", ".join(f"process {k} {v:.2f}% ({r['ddiloco_overhead_cpu_pct'][k]:.2f}%)"
+                        for k, v in r["ddiloco_overhead_pct"].items()), flush=True)
     print(f"train_gpt: wrote {out}/results.json", flush=True)
 
 
