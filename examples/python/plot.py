@@ -23,6 +23,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="+", help="results.json files written by train_gpt.py")
     ap.add_argument("--out", default="loss.png", help="the PNG to write (default: %(default)s)")
+    ap.add_argument("--table", metavar="FILE.md", help="also write the results table (Markdown) to this file")
     a = ap.parse_args(argv)
     runs = []
     for path in a.results:
@@ -59,7 +60,27 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     fig.savefig(a.out, dpi=110)
     print(f"plot.py: wrote {a.out}")
+    if a.table:
+        with open(a.table, "w") as f:
+            f.write(table(runs))
+        print(f"plot.py: wrote {a.table}")
     return 0
+
+
+def table(runs) -> str:
+    """The README's table: one row per run."""
+    rows = ["| mode | processes | tokens | val loss: start -> end (process 0) | syncer's global at the end | "
+            "training time s (wall s) | MB sent per learner | ddiloco calls / step time: wall (CPU), worst process |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        g = r.get("final_val_global")
+        over = (f"{r['ddiloco_overhead_pct_max']:.2f}% ({r['ddiloco_overhead_cpu_pct_max']:.2f}%)"
+                if r["mode"] == "ddiloco" else "-")
+        sent = f"{r['bytes_sent_per_learner'] / 1e6:,.1f}" + (" (estimate)" if r["mode"] == "ddp" else "")
+        rows.append(f"| {r['mode']} | {r['processes']} | {r['tokens']:,} | {r['initial_val']:.4f} -> "
+                    f"{r['final_val']:.4f} | {'-' if g is None else f'{g:.4f}'} | {r['train_s']:.1f} "
+                    f"({r['wall_s']:.1f}) | {sent} | {over} |")
+    return "\n".join(rows) + "\n"
 
 
 if __name__ == "__main__":

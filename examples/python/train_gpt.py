@@ -88,6 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     o.add_argument("--sgemm", default=DEFAULT_SGEMM,
                    help="libonednn_sgemm.so (float32 GEMMs on oneDNN instead of Debian's reference BLAS; "
                         "'off': the system BLAS) (default: %(default)s)")
+    o.add_argument("--sched", choices=["batch", "normal"], default="batch",
+                   help="Linux scheduling policy of the training processes: batch (SCHED_BATCH: a thread that "
+                        "wakes, such as ZeroMQ's or gloo's I/O thread, does not preempt the training thread, "
+                        "which matters when processes outnumber cores) or normal (default: %(default)s)")
     o.add_argument("--worker", metavar="CONFIG", help=argparse.SUPPRESS)
     o.add_argument("--process", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -161,6 +165,8 @@ def worker(config_path: str, process: int) -> int:
     with open(config_path) as f:
         cfg = json.load(f)
     sgemm = load_sgemm(cfg["sgemm"])
+    if cfg["sched"] == "batch" and hasattr(os, "SCHED_BATCH"):
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))  # threads made from here on inherit it
     import torch
     import torch.distributed as dist
 
@@ -171,7 +177,7 @@ def worker(config_path: str, process: int) -> int:
     learner_id, rank, ranks = layout(cfg)[process]
     tag = f"[{cfg['mode']} p{process}" + (f" L{learner_id}" if cfg["mode"] == "ddiloco" else "") + \
           (f" r{rank}/{ranks}" if ranks > 1 else "") + "]"
-    corpus = torch.load(os.path.join(cfg["out"], "corpus.pt"))
+    corpus = {k: v.long() for k, v in torch.load(os.path.join(cfg["out"], "corpus.pt")).items()}
     mc = gpt.GptConfig(context=cfg["context"], width=cfg["width"], heads=cfg["heads"], layers=cfg["layers"])
     model = gpt.Gpt(mc, seed=cfg["seed"])
     sampler = gpt.Sampler(corpus["train"], cfg["context"], cfg["batch"], seed=cfg["seed"] * 1000 + process,
@@ -356,12 +362,14 @@ def launcher(args) -> int:
         if name.startswith("process-") and name.endswith(".json"):
             os.remove(os.path.join(out, name))
     corpus = gpt.load_fortunes(args.fortunes)
-    torch.save({"train": corpus.train, "validation": corpus.validation}, os.path.join(out, "corpus.pt"))
+    # Tokenised once for every process (ids < 97: one byte each on disk).
+    torch.save({"train": corpus.train.to(torch.uint8), "validation": corpus.validation.to(torch.uint8)},
+               os.path.join(out, "corpus.pt"))
     processes = args.learners - 1 + args.group_ranks  # the same count in both modes
     cfg = {k: getattr(args, k) for k in ("mode", "steps", "learners", "group_ranks", "width", "layers", "heads",
                                          "context", "batch", "lr", "warmup", "seed", "eval_every", "eval_batches",
                                          "fragments", "sync_every", "overlap", "outer_lr", "outer_momentum",
-                                         "log_every", "sgemm")}
+                                         "log_every", "sgemm", "sched")}
     cfg.update(out=out, processes=processes, ddp_port=free_port(), group_port=free_port(), numel=numel)
     print(f"train_gpt: {args.mode}, {processes} processes, {numel} parameters, {args.steps} steps x {args.batch} x "
           f"{args.context} tokens per process = {processes * args.steps * args.batch * args.context} tokens; "
@@ -486,7 +494,7 @@ def evaluate_global(args, model, out: str, gpt):
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(torch.from_numpy(values[name].copy()).view(p.shape))
-    corpus = torch.load(os.path.join(out, "corpus.pt"))
+    corpus = {k: v.long() for k, v in torch.load(os.path.join(out, "corpus.pt")).items()}
     val = gpt.validation_batches(gpt.Corpus(corpus["train"], corpus["validation"], 0, 0, 0), args.context,
                                  args.batch, args.eval_batches)
     return gpt.evaluate(model, val)
