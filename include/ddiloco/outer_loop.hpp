@@ -27,6 +27,13 @@
 //      not arrived, it is applied on arrival (non-blocking), or, in lock-step mode, step() waits for it
 //      (Streaming DiLoCo) for at most `lock_step_timeout`.
 // Host copies are made only of the fragment being sent or applied.
+//
+// Also here: `FragmentApplier<Tensor>`, the arithmetic of step 3 on its own.
+// OuterLoop applies through it, and StepReport::applied_fragments says which
+// globals a step applied (with their values, shared), so that the other ranks
+// of a learner that is a group of processes with replicated parameters apply
+// the same globals at the same inner step and stay bit-identical
+// (docs/python.md, "Learners that are groups").
 #pragma once
 
 #include <algorithm>
@@ -64,9 +71,21 @@ struct OuterLoopConfig {
   Duration heartbeat_interval = std::chrono::seconds(1);
 };
 
+/// One global fragment a step applied: which, its version, and the values
+/// applied (the received payload itself, shared: no copy). A group learner's
+/// leader hands these to its other ranks, which apply them with
+/// FragmentApplier at the same inner step.
+struct AppliedFragment {
+  std::size_t fragment = 0;
+  std::uint64_t version = 0;
+  Payload values;  ///< Theta_p in fragment order (Plan::offset_in_fragment), Plan fragment p's numel floats
+};
+
 struct StepReport {
   std::optional<std::size_t> sent;  ///< fragment sent at this step
-  std::size_t applied = 0;          ///< global fragments applied at this step
+  std::size_t applied = 0;          ///< global fragments applied at this step (= applied_fragments.size())
+  /// Which: in the order applied (no allocation when none is).
+  std::vector<AppliedFragment> applied_fragments;
   bool waited = false;              ///< lock-step: this step waited for a global
 };
 
@@ -108,6 +127,83 @@ inline std::uint64_t join_nonce(LearnerId id, std::uint64_t step, TimePoint now)
 }
 }  // namespace detail
 
+/// Writes a global fragment into the local parameters, the arithmetic of an
+/// apply (docs/algorithm.md, "Round timeline", step 7):
+///     theta_p <- alpha * theta_p + (1 - alpha) * Theta_p
+/// (alpha = 0 overwrites). OuterLoop applies every global through one, so a
+/// copy of the parameters kept elsewhere (the other ranks of a group learner,
+/// docs/python.md) that applies the same Theta_p with its own FragmentApplier
+/// at the same inner step stays bit-identical to the learner's: the same code
+/// on the same float32 inputs. Holds the plan (by reference: it must outlive
+/// the applier) and a scratch buffer of one tensor, used only when mixing.
+template <class T>
+  requires Tensor<T>
+class FragmentApplier {
+ public:
+  FragmentApplier(const Plan& plan, float alpha) : plan_(&plan), alpha_(alpha) {
+    if (!(alpha >= 0.0f && alpha < 1.0f))
+      throw InvalidArgument(detail::msg("FragmentApplier: alpha = ", alpha,
+                                        " must be in [0, 1): 0 overwrites the local fragment (default), 0.5 mixes; "
+                                        "use the learner's OuterLoopConfig::alpha"));
+  }
+
+  /// Applies `global` (fragment p's Theta_p, in fragment order) to `params`
+  /// (every tensor of the plan, in plan order; only fragment p's are touched).
+  /// Checks p, the global's size and the sizes of fragment p's tensors first,
+  /// and throws before writing anything.
+  void apply(std::span<T> params, std::size_t p, std::span<const float> global) {
+    const auto& frags = plan_->fragments();
+    if (p >= frags.size())
+      throw InvalidArgument(detail::msg("FragmentApplier::apply: fragment ", p, " does not exist: the plan has ",
+                                        frags.size(), " fragments (0 to ", frags.size() - 1,
+                                        "); pass an index from StepReport::applied_fragments"));
+    if (global.size() != frags[p].numel)
+      throw ShapeMismatch(detail::msg("FragmentApplier::apply: the global of fragment ", p, " has ", global.size(),
+                                      " values but the fragment has ", frags[p].numel,
+                                      "; pass AppliedFragment::values of the same plan"));
+    const auto& specs = plan_->tensors();
+    if (params.size() != specs.size())
+      throw ShapeMismatch(detail::msg("FragmentApplier::apply: got ", params.size(),
+                                      " parameter tensors but the plan has ", specs.size(),
+                                      "; pass the model's tensors in plan order"));
+    for (std::size_t t : frags[p].tensors) {
+      const auto n = tensor_size(params[t]);
+      if (n != specs[t].numel)
+        throw ShapeMismatch(detail::msg("FragmentApplier::apply: tensor ", t, " ('", specs[t].name, "') has ", n,
+                                        " elements but the plan says ", specs[t].numel));
+    }
+    apply_unchecked(params, p, global, /*mix=*/true);
+  }
+
+  /// The same without the checks (OuterLoop has made them). `mix` = false
+  /// overwrites whatever alpha is (a join writes the global state whole).
+  void apply_unchecked(std::span<T> params, std::size_t p, std::span<const float> global, bool mix) {
+    const auto& specs = plan_->tensors();
+    for (std::size_t t : plan_->fragments()[p].tensors) {
+      const std::size_t off = plan_->offset_in_fragment(t);
+      const std::size_t n = specs[t].numel;
+      const std::span<const float> g(global.data() + off, n);
+      if (!mix || alpha_ == 0.0f) {
+        write_tensor(params[t], g);
+      } else {
+        scratch_.resize(n);
+        read_tensor(params[t], std::span<float>(scratch_));
+        const float a = alpha_;
+        for (std::size_t i = 0; i < n; ++i) scratch_[i] = a * scratch_[i] + (1.0f - a) * g[i];
+        write_tensor(params[t], std::span<const float>(scratch_));
+      }
+    }
+  }
+
+  [[nodiscard]] float alpha() const noexcept { return alpha_; }
+  [[nodiscard]] const Plan& plan() const noexcept { return *plan_; }
+
+ private:
+  const Plan* plan_;
+  float alpha_;
+  std::vector<float> scratch_;
+};
+
 template <class Transport, class T>
   requires LearnerTransport<Transport> && Tensor<T>
 class OuterLoop {
@@ -117,7 +213,8 @@ class OuterLoop {
         transport_(&transport),
         config_(validated(config, plan)),
         schedule_(plan.num_fragments(), config_.sync_every, config_.overlap),
-        frags_(plan.num_fragments()) {
+        frags_(plan.num_fragments()),
+        applier_(plan, config_.alpha) {
     for (std::size_t p = 0; p < frags_.size(); ++p) frags_[p].base.resize(plan.fragments()[p].numel);
   }
 
@@ -215,6 +312,8 @@ class OuterLoop {
   /// Also sends a heartbeat when one is due: a lock-step learner waiting for a
   /// slow round is alive, and must not be declared dead by the syncer (which
   /// would stop sending it the very global it waits for).
+  /// The fragments poll() applies are counted, not reported: the leader of a
+  /// group learner applies only in step(), whose report its other ranks follow.
   std::size_t poll(std::span<T> params) {
     if (!joined_) return 0;
     check_params(params, {});
@@ -450,6 +549,7 @@ class OuterLoop {
         status_.apply_delay_steps.observe(static_cast<double>(step_ - *f.sent_at));
         status_.staleness_versions.observe(
             static_cast<double>(f.latest_version > f.base_version ? f.latest_version - f.base_version : 0));
+        report.applied_fragments.push_back({p, f.latest_version, f.latest});
         apply(p, params, /*mix=*/true);
         ++applied;
         pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -481,25 +581,11 @@ class OuterLoop {
     }
   }
 
-  /// theta_p <- alpha * theta_p + (1 - alpha) * Theta_p; base_p <- Theta_p.
+  /// theta_p <- alpha * theta_p + (1 - alpha) * Theta_p (FragmentApplier); base_p <- Theta_p.
   void apply(std::size_t p, std::span<T> params, bool mix) {
     auto& f = frags_[p];
     const std::vector<float>& theta = *f.latest;
-    const auto& specs = plan_->tensors();
-    for (std::size_t t : plan_->fragments()[p].tensors) {
-      const std::size_t off = plan_->offset_in_fragment(t);
-      const std::size_t n = specs[t].numel;
-      std::span<const float> global(theta.data() + off, n);
-      if (!mix || config_.alpha == 0.0f) {
-        write_tensor(params[t], global);
-      } else {
-        scratch_.resize(n);
-        read_tensor(params[t], scratch_);
-        const float a = config_.alpha;
-        for (std::size_t i = 0; i < n; ++i) scratch_[i] = a * scratch_[i] + (1.0f - a) * global[i];
-        write_tensor(params[t], std::span<const float>(scratch_));
-      }
-    }
+    applier_.apply_unchecked(params, p, std::span<const float>(theta), mix);
     std::copy(theta.begin(), theta.end(), f.base.begin());
     f.base_version = f.latest_version;
     f.latest.reset();
@@ -618,7 +704,8 @@ class OuterLoop {
   Schedule schedule_;
   std::vector<FragmentState> frags_;
   std::vector<std::size_t> pending_;  ///< fragments sent and awaiting their result
-  std::vector<float> local_, scratch_;
+  std::vector<float> local_;
+  FragmentApplier<T> applier_;
   std::shared_ptr<std::byte[]> encoded_buffer_;  ///< the last encoded contribution (see encode_outer_gradient)
   std::size_t encoded_bytes_ = 0;
   std::uint64_t step_ = 0;

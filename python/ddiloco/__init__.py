@@ -6,17 +6,19 @@
         learner.step(tokens=batch.numel())
 
 A thin layer over the compiled core ddiloco._core (the C++ library): Learner
-and outer_loop (learner side), Syncer (an in-process syncer), sim (the goodput
+and outer_loop (learner side), GroupLearner (a learner that is the ranks of a
+torch.distributed group), Syncer (an in-process syncer), sim (the goodput
 and bandwidth models), and the exceptions, each a ddiloco.Error whose message
 names the value and the fix. docs/python.md has the whole API and its contracts.
 """
 from . import _core, sim
 from ._core import Error, InvalidArgument, ProtocolError, ShapeMismatch, StateError, TransportError
 from ._params import default_embedding_rule
+from .group import GroupLearner
 from .learner import Learner, OuterLoop, StepReport, outer_loop
 from .syncer import Syncer
 
 __all__ = [
-    "Learner", "OuterLoop", "StepReport", "outer_loop", "Syncer", "sim", "default_embedding_rule",
+    "Learner", "GroupLearner", "OuterLoop", "StepReport", "outer_loop", "Syncer", "sim", "default_embedding_rule",
     "Error", "InvalidArgument", "ShapeMismatch", "StateError", "ProtocolError", "TransportError",
 ]

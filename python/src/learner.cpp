@@ -31,6 +31,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ddiloco/codec.hpp>
@@ -111,6 +112,7 @@ struct LearnerOptions {
 struct StepResult {
   std::optional<std::size_t> sent;  ///< fragment sent at this step
   std::vector<std::size_t> applied;  ///< fragments whose global was applied at this step, ascending
+  std::vector<std::uint64_t> versions;  ///< the version of each global in `applied` (same order)
   bool waited = false;               ///< lock-step: the step waited for a global
 };
 
@@ -168,6 +170,112 @@ class Loop final : public LoopBase {
   std::vector<T> params_;
   OuterLoop<ZmqLearnerTransport, T> outer_;
 };
+
+/// Every contract of parameter p, with a message naming it, `owner` (the
+/// Python class) and the fix. `first`: at construction (records size, device
+/// and storage). Returns true when the storage moved (same size, dtype and
+/// device, new memory: p.data = ...), which the caller follows.
+bool check_parameter(Param& p, const py::object& float32, bool first, const char* owner) {
+  const py::handle t = p.tensor;
+  const std::string_view full(owner);
+  const std::string_view noun = full.substr(full.rfind('.') + 1);  // "Learner" in "the Learner was created"
+  const std::string who = detail::msg(owner, ": parameter '", p.name, "'");
+  if (!py::hasattr(t, "data_ptr") || !py::hasattr(t, "dtype"))
+    throw InvalidArgument(detail::msg(who, " is a ", py::str(py::type::of(t).attr("__name__")).cast<std::string>(),
+                                      ", not a torch tensor; pass model.named_parameters() or (name, tensor) pairs"));
+  const std::string shape = dims(t.attr("shape"));
+  if (py::hasattr(t, "is_sparse") && t.attr("is_sparse").cast<bool>())
+    throw InvalidArgument(detail::msg(who, " (shape ", shape, ") is sparse; ddiloco needs dense parameters: "
+                                           "call .to_dense() on it before creating the ", noun));
+  if (!py::object(t.attr("dtype")).is(float32))
+    throw InvalidArgument(detail::msg(who, " (shape ", shape, ") has dtype ", py::str(t.attr("dtype")).cast<std::string>(),
+                                      "; ddiloco works on float32 parameters: convert the model with model.float() "
+                                      "(keep bfloat16 for the forward pass with torch.autocast) before creating "
+                                      "the ", noun));
+  if (!t.attr("is_contiguous")().cast<bool>())
+    throw InvalidArgument(detail::msg(
+        who, " (shape ", shape, ", strides ", dims(t.attr("stride")()),
+        ") is not contiguous (a transposed or sliced view?); ddiloco writes merged values back in place, so a "
+        ".contiguous() copy would lose them: make the parameter itself contiguous "
+        "(with torch.no_grad(): p.data = p.data.contiguous()) before creating the ", noun));
+  const auto numel = t.attr("numel")().cast<std::size_t>();
+  const auto device = py::str(t.attr("device").attr("type")).cast<std::string>();
+  const auto data = t.attr("data_ptr")().cast<std::uintptr_t>();
+  if (first) {
+    if (numel == 0)
+      throw InvalidArgument(detail::msg(who, " has no elements; leave empty parameters out (", owner,
+                                        "(((n, p) for n, p in model.named_parameters() if p.numel()), ...))"));
+    p.numel = numel;
+    p.device = device;
+    p.data = data;
+    return false;
+  }
+  if (numel != p.numel)
+    throw ShapeMismatch(detail::msg(who, " has ", numel, " elements (shape ", shape, ") but had ", p.numel,
+                                    " when the ", noun, " was created: the plan is fixed; resize parameters before "
+                                    "creating the ", noun, " (and the Syncer), never after"));
+  if (device != p.device)
+    throw InvalidArgument(detail::msg(who, " is on device ", device, " but was on ", p.device, " when the ", noun,
+                                      " was created; move the model (model.to(device)) before creating the ", noun));
+  if (data == p.data) return false;
+  p.data = data;  // same size, dtype and device, new storage (p.data = ...): followed
+  return true;
+}
+
+/// The per-step check of one tensor: unchanged storage, size, dtype and
+/// contiguity cost four attribute reads; anything else goes to check_parameter.
+bool check_parameter_fast(Param& p, const py::object& float32, const char* owner) {
+  const py::handle t = p.tensor;
+  const auto data = t.attr("data_ptr")().cast<std::uintptr_t>();
+  if (data == p.data && py::object(t.attr("dtype")).is(float32) && t.attr("numel")().cast<std::size_t>() == p.numel &&
+      t.attr("is_contiguous")().cast<bool>())
+    return false;
+  return check_parameter(p, float32, false, owner);
+}
+
+/// A float32 buffer (numpy array, memoryview) of exactly `n` elements,
+/// C-contiguous, as a span; `writable`: it will be written. Throws naming
+/// `who`, `fragment` and the fix.
+std::span<float> float_buffer(const py::buffer& b, std::size_t n, const char* who, std::size_t fragment,
+                              bool writable = true) {
+  const py::buffer_info info = b.request(writable);
+  if (info.itemsize != static_cast<py::ssize_t>(sizeof(float)) || (info.format != "f" && info.format != "<f" && info.format != "=f"))
+    throw InvalidArgument(detail::msg(who, ": the buffer for fragment ", fragment, " has format '", info.format,
+                                      "' (item size ", info.itemsize, "); pass a float32 array"));
+  py::ssize_t expect = info.itemsize;
+  for (py::ssize_t d = info.ndim; d-- > 0;) {
+    if (info.shape[static_cast<std::size_t>(d)] != 1 && info.strides[static_cast<std::size_t>(d)] != expect)
+      throw InvalidArgument(detail::msg(who, ": the buffer for fragment ", fragment,
+                                        " is not contiguous; pass a contiguous float32 array (.contiguous())"));
+    expect *= info.shape[static_cast<std::size_t>(d)];
+  }
+  if (static_cast<std::size_t>(info.size) != n)
+    throw ShapeMismatch(detail::msg(who, ": the buffer for fragment ", fragment, " has ", info.size,
+                                    " elements but the fragment has ", n, "; pass one of exactly that size"));
+  return {static_cast<float*>(info.ptr), n};
+}
+
+/// The plan as Python sees it: fingerprint, fragments (tensor names of each),
+/// fragment_numel (floats of each), embedding (names), numel.
+py::dict plan_dict(const Plan& plan) {
+  py::dict d;
+  d["fingerprint"] = plan.fingerprint();
+  std::vector<std::vector<std::string>> frags;
+  std::vector<std::size_t> numels;
+  for (const auto& f : plan.fragments()) {
+    auto& names = frags.emplace_back();
+    for (std::size_t t : f.tensors) names.push_back(plan.tensors()[t].name);
+    numels.push_back(f.numel);
+  }
+  d["fragments"] = frags;
+  d["fragment_numel"] = numels;
+  std::vector<std::string> emb;
+  for (const auto& t : plan.tensors())
+    if (t.embedding) emb.push_back(t.name);
+  d["embedding"] = emb;
+  d["numel"] = plan.total_numel();
+  return d;
+}
 
 class LearnerCore {
  public:
@@ -274,8 +382,6 @@ class LearnerCore {
       for (std::size_t p : pending_)
         if (t >= sent_at_[p] + options_.overlap) check_fragment(p);
     }
-    before_.clear();
-    for (std::size_t p : pending_) before_.push_back(loop_->base_version(p));
     StepReport r;
     if (options_.lock_step) {
       py::gil_scoped_release release;
@@ -285,18 +391,18 @@ class LearnerCore {
     }
     StepResult out;
     out.waited = r.waited;
-    if (r.applied > 0) {
-      for (std::size_t i = 0, j = 0; i < pending_.size(); ++j) {
-        const std::size_t p = pending_[i];
-        if (loop_->base_version(p) != before_[j]) {
-          out.applied.push_back(p);
-          sent_at_[p] = kNone;
-          pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-        } else {
-          ++i;
-        }
+    // The globals this step applied, kept (shared, no copy) until the next
+    // step for copy_applied(): a group's leader hands them to its other ranks.
+    last_applied_ = std::move(r.applied_fragments);
+    if (!last_applied_.empty()) {
+      std::sort(last_applied_.begin(), last_applied_.end(),
+                [](const AppliedFragment& a, const AppliedFragment& b) { return a.fragment < b.fragment; });
+      for (const AppliedFragment& a : last_applied_) {
+        out.applied.push_back(a.fragment);
+        out.versions.push_back(a.version);
+        sent_at_[a.fragment] = kNone;
+        pending_.erase(std::remove(pending_.begin(), pending_.end(), a.fragment), pending_.end());
       }
-      std::sort(out.applied.begin(), out.applied.end());
     }
     if (r.sent) {
       out.sent = *r.sent;
@@ -353,25 +459,33 @@ class LearnerCore {
     return d;
   }
 
-  [[nodiscard]] py::dict plan() const {
-    py::dict d;
-    d["fingerprint"] = plan_->fingerprint();
-    std::vector<std::vector<std::string>> frags;
-    for (const auto& f : plan_->fragments()) {
-      auto& names = frags.emplace_back();
-      for (std::size_t t : f.tensors) names.push_back(plan_->tensors()[t].name);
-    }
-    d["fragments"] = frags;
-    std::vector<std::string> emb;
-    for (const auto& t : plan_->tensors())
-      if (t.embedding) emb.push_back(t.name);
-    d["embedding"] = emb;
-    d["numel"] = plan_->total_numel();
-    return d;
-  }
+  [[nodiscard]] py::dict plan() const { return plan_dict(*plan_); }
 
   /// The fragment due to be sent at inner step `step` (1-based), or None.
   [[nodiscard]] std::optional<std::size_t> due_at(std::uint64_t step) const { return schedule_->due_at(step); }
+
+  /// Copies the global of `fragment` that the last step applied (fragment
+  /// order, its numel floats) into `out`, a writable float32 buffer of exactly
+  /// that size (the leader of a group fills its broadcast buffer with it);
+  /// returns its version.
+  std::uint64_t copy_applied(std::size_t fragment, py::buffer out) const {
+    check(loop_ != nullptr, "copy_applied");
+    const auto it = std::find_if(last_applied_.begin(), last_applied_.end(),
+                                 [&](const AppliedFragment& a) { return a.fragment == fragment; });
+    if (it == last_applied_.end()) {
+      std::string which;
+      for (const AppliedFragment& a : last_applied_) {
+        if (!which.empty()) which += ", ";  // appended: see dims()
+        which += std::to_string(a.fragment);
+      }
+      throw StateError(detail::msg("ddiloco.Learner.copy_applied: fragment ", fragment,
+                                   " was not applied at the last step (applied: [", which,
+                                   "]); pass a fragment from the last StepReport.applied"));
+    }
+    const std::span<float> dst = float_buffer(out, it->values->size(), "ddiloco.Learner.copy_applied", fragment);
+    std::copy(it->values->begin(), it->values->end(), dst.begin());
+    return it->version;
+  }
 
  private:
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
@@ -384,66 +498,14 @@ class LearnerCore {
     for (std::size_t t : plan_->fragments()[p].tensors) check_fast(t);
   }
 
-  /// The per-step check of one tensor: unchanged storage, size, dtype and
-  /// contiguity cost four attribute reads; anything else goes to check_full.
+  /// The per-step check of one tensor (check_parameter_fast), following moved storage.
   void check_fast(std::size_t i) {
-    Param& p = params_[i];
-    const py::handle t = p.tensor;
-    const auto data = t.attr("data_ptr")().cast<std::uintptr_t>();
-    if (data == p.data && py::object(t.attr("dtype")).is(float32_) && t.attr("numel")().cast<std::size_t>() == p.numel &&
-        t.attr("is_contiguous")().cast<bool>())
-      return;
-    check_full(i, false);
+    if (check_parameter_fast(params_[i], float32_, "ddiloco.Learner") && !staged_) loop_->set_data(i, params_[i].data);
   }
 
-  /// Every contract of parameter i, with a message naming it and the fix.
+  /// Every contract of parameter i (check_parameter), following moved storage.
   void check_full(std::size_t i, bool first) {
-    Param& p = params_[i];
-    const py::handle t = p.tensor;
-    const std::string who = detail::msg("ddiloco.Learner: parameter '", p.name, "'");
-    if (!py::hasattr(t, "data_ptr") || !py::hasattr(t, "dtype"))
-      throw InvalidArgument(detail::msg(who, " is a ", py::str(py::type::of(t).attr("__name__")).cast<std::string>(),
-                                        ", not a torch tensor; pass model.named_parameters() or (name, tensor) pairs"));
-    const std::string shape = dims(t.attr("shape"));
-    if (py::hasattr(t, "is_sparse") && t.attr("is_sparse").cast<bool>())
-      throw InvalidArgument(detail::msg(who, " (shape ", shape, ") is sparse; ddiloco needs dense parameters: "
-                                             "call .to_dense() on it before creating the Learner"));
-    if (!py::object(t.attr("dtype")).is(float32_))
-      throw InvalidArgument(detail::msg(who, " (shape ", shape, ") has dtype ", py::str(t.attr("dtype")).cast<std::string>(),
-                                        "; ddiloco works on float32 parameters: convert the model with model.float() "
-                                        "(keep bfloat16 for the forward pass with torch.autocast) before creating "
-                                        "the Learner"));
-    if (!t.attr("is_contiguous")().cast<bool>())
-      throw InvalidArgument(detail::msg(
-          who, " (shape ", shape, ", strides ", dims(t.attr("stride")()),
-          ") is not contiguous (a transposed or sliced view?); ddiloco writes merged values back in place, so a "
-          ".contiguous() copy would lose them: make the parameter itself contiguous "
-          "(with torch.no_grad(): p.data = p.data.contiguous()) before creating the Learner"));
-    const auto numel = t.attr("numel")().cast<std::size_t>();
-    const auto device = py::str(t.attr("device").attr("type")).cast<std::string>();
-    const auto data = t.attr("data_ptr")().cast<std::uintptr_t>();
-    if (first) {
-      if (numel == 0)
-        throw InvalidArgument(detail::msg(who, " has no elements; leave empty parameters out "
-                                               "(ddiloco.Learner(((n, p) for n, p in model.named_parameters() if p.numel())))"));
-      p.numel = numel;
-      p.device = device;
-      p.data = data;
-      return;
-    }
-    if (numel != p.numel)
-      throw ShapeMismatch(detail::msg(who, " has ", numel, " elements (shape ", shape, ") but had ", p.numel,
-                                      " when the Learner was created: the plan is fixed; resize parameters before "
-                                      "creating the Learner (and the Syncer), never after"));
-    if (device != p.device)
-      throw InvalidArgument(detail::msg(who, " is on device ", device, " but was on ", p.device,
-                                        " when the Learner was created; move the model (model.to(device)) before "
-                                        "creating the Learner"));
-    if (data != p.data) {
-      // Same size, dtype and device, new storage (p.data = ...): follow it.
-      p.data = data;
-      if (!staged_) loop_->set_data(i, data);
-    }
+    if (check_parameter(params_[i], float32_, first, "ddiloco.Learner") && !staged_) loop_->set_data(i, params_[i].data);
   }
 
   LearnerOptions options_;
@@ -458,8 +520,128 @@ class LearnerCore {
   std::optional<Schedule> schedule_;
   std::vector<std::uint64_t> sent_at_;  ///< per fragment: step of the send awaiting its result, kNone if none
   std::vector<std::size_t> pending_;    ///< fragments sent and awaiting their result
-  std::vector<std::uint64_t> before_;   ///< scratch: base versions of pending_ before a step
+  std::vector<AppliedFragment> last_applied_;  ///< the globals the last step applied (shared payloads)
   py::object nothing_;                  ///< the shared report of a step that did nothing
+};
+
+/// FragmentApplier over a follower's parameters, for one tensor form.
+class ApplierBase {
+ public:
+  virtual ~ApplierBase() = default;
+  virtual void apply(std::size_t p, std::span<const float> global) = 0;
+  virtual void set_data(std::size_t t, std::uintptr_t data) = 0;  // a host tensor's storage moved
+};
+
+template <class T>
+class Applier final : public ApplierBase {
+ public:
+  Applier(const Plan& plan, float alpha, std::vector<T> params) : params_(std::move(params)), applier_(plan, alpha) {}
+  void apply(std::size_t p, std::span<const float> global) override {
+    applier_.apply(std::span<T>(params_), p, global);
+  }
+  void set_data(std::size_t t, std::uintptr_t data) override {
+    if constexpr (std::is_same_v<T, std::span<float>>)
+      params_[t] = std::span<float>(reinterpret_cast<float*>(data), params_[t].size());
+  }
+
+ private:
+  std::vector<T> params_;
+  FragmentApplier<T> applier_;
+};
+
+/// A rank of a group learner other than its leader (ddiloco.GroupLearner):
+/// the leader's plan and parameter contracts, no connection. apply() writes a
+/// global the leader's step applied into this rank's parameters with the
+/// leader's arithmetic (FragmentApplier, the code OuterLoop applies with), in
+/// place on the CPU or through the staged copies otherwise, as LearnerCore.
+class FollowerCore {
+ public:
+  FollowerCore(const LearnerOptions& o, const std::vector<std::string>& names, const py::list& tensors,
+               const std::vector<bool>& embedding, py::object float32, py::object copy_out, py::object copy_in)
+      : float32_(std::move(float32)), staging_{std::move(copy_out), std::move(copy_in)} {
+    if (names.size() != tensors.size() || names.size() != embedding.size())
+      throw ShapeMismatch(detail::msg("ddiloco.GroupLearner: ", names.size(), " names, ", tensors.size(),
+                                      " tensors and ", embedding.size(), " embedding flags; pass one of each per "
+                                      "parameter"));
+    if (o.staging != "auto" && o.staging != "always")
+      throw InvalidArgument("ddiloco.GroupLearner: staging = '" + o.staging +
+                            "' must be 'auto' (in place for CPU parameters, staged copies for others) or 'always'");
+    std::vector<TensorSpec> specs;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      Param p;
+      p.tensor = py::reinterpret_borrow<py::object>(tensors[i]);
+      p.name = names[i];
+      check_parameter(p, float32_, /*first=*/true, "ddiloco.GroupLearner");
+      specs.push_back({names[i], p.numel, static_cast<bool>(embedding[i])});
+      params_.push_back(std::move(p));
+    }
+    plan_ = std::make_unique<Plan>(make_plan(specs, o.fragments));
+    const bool all_cpu = std::all_of(params_.begin(), params_.end(), [](const Param& p) { return p.device == "cpu"; });
+    staged_ = o.staging == "always" || !all_cpu;
+    if (staged_) {
+      std::vector<StagedParam> v;
+      for (auto& p : params_) v.push_back({p.tensor.ptr(), p.numel, &staging_});
+      applier_ = std::make_unique<Applier<StagedParam>>(*plan_, o.alpha, std::move(v));
+    } else {
+      std::vector<std::span<float>> v;
+      for (auto& p : params_) v.emplace_back(reinterpret_cast<float*>(p.data), p.numel);
+      applier_ = std::make_unique<Applier<std::span<float>>>(*plan_, o.alpha, std::move(v));
+    }
+    versions_.assign(plan_->num_fragments(), 0);
+  }
+
+  /// Writes `values` (the global of `fragment` the leader's step applied, its
+  /// fragment's numel float32 values in fragment order) into this rank's
+  /// parameters, and records `version`.
+  void apply(std::size_t fragment, std::uint64_t version, const py::buffer& values) {
+    const std::size_t count = plan_->num_fragments();
+    if (fragment >= count)
+      throw InvalidArgument(detail::msg("ddiloco.GroupLearner: fragment ", fragment, " does not exist: the plan has ",
+                                        count, " fragments (0 to ", count - 1,
+                                        "); every rank must build the same plan (same model, same fragments=)"));
+    const std::span<float> g = float_buffer(values, plan_->fragments()[fragment].numel, "ddiloco.GroupLearner.apply",
+                                            fragment, /*writable=*/false);
+    for (std::size_t t : plan_->fragments()[fragment].tensors)
+      if (check_parameter_fast(params_[t], float32_, "ddiloco.GroupLearner") && !staged_)
+        applier_->set_data(t, params_[t].data);
+    applier_->apply(fragment, std::span<const float>(g));
+    versions_[fragment] = version;
+    ++applies_;
+  }
+
+  /// Every parameter's contracts (at a join, before the leader's state is written).
+  void check_all() {
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (check_parameter(params_[i], float32_, false, "ddiloco.GroupLearner") && !staged_)
+        applier_->set_data(i, params_[i].data);
+  }
+
+  /// The base versions the leader has (at a join: the state it fetched).
+  void set_versions(const std::vector<std::uint64_t>& versions) {
+    if (versions.size() != versions_.size())
+      throw ShapeMismatch(detail::msg("ddiloco.GroupLearner: ", versions.size(), " versions for ", versions_.size(),
+                                      " fragments; every rank must build the same plan"));
+    versions_ = versions;
+  }
+
+  [[nodiscard]] py::dict status() const {
+    py::dict d;
+    d["applies"] = applies_;
+    d["base_versions"] = versions_;
+    return d;
+  }
+  [[nodiscard]] py::dict plan() const { return plan_dict(*plan_); }
+  [[nodiscard]] bool staged() const { return staged_; }
+
+ private:
+  py::object float32_;
+  Staging staging_;
+  std::vector<Param> params_;
+  std::unique_ptr<Plan> plan_;
+  bool staged_ = false;
+  std::unique_ptr<ApplierBase> applier_;
+  std::vector<std::uint64_t> versions_;
+  std::uint64_t applies_ = 0;
 };
 
 }  // namespace
@@ -486,8 +668,18 @@ void bind_learner(py::module_& m) {
       .def_readwrite("staging", &LearnerOptions::staging);
 
   py::class_<StepResult>(m, "StepReport", "What one Learner.step() did")
+      .def(py::init([](std::optional<std::size_t> sent, std::vector<std::size_t> applied,
+                       std::vector<std::uint64_t> versions, bool waited) {
+             if (versions.size() != applied.size())
+               throw ShapeMismatch(detail::msg("ddiloco.StepReport: ", applied.size(), " applied fragments and ",
+                                               versions.size(), " versions; give one version per applied fragment"));
+             return StepResult{sent, std::move(applied), std::move(versions), waited};
+           }),
+           py::kw_only(), py::arg("sent") = py::none(), py::arg("applied") = std::vector<std::size_t>{},
+           py::arg("versions") = std::vector<std::uint64_t>{}, py::arg("waited") = false)
       .def_readonly("sent", &StepResult::sent, "fragment sent at this step, or None")
       .def_readonly("applied", &StepResult::applied, "fragments whose global was applied at this step (ascending)")
+      .def_readonly("versions", &StepResult::versions, "the version of each global in applied (same order)")
       .def_readonly("waited", &StepResult::waited, "lock-step: the step waited for a global")
       .def("__repr__", [](const StepResult& r) {
         std::string a;
@@ -509,7 +701,21 @@ void bind_learner(py::module_& m) {
       .def_property_readonly("staged", &LearnerCore::staged)
       .def("status", &LearnerCore::status)
       .def("plan", &LearnerCore::plan)
-      .def("due_at", &LearnerCore::due_at, py::arg("step"));
+      .def("due_at", &LearnerCore::due_at, py::arg("step"))
+      .def("copy_applied", &LearnerCore::copy_applied, py::arg("fragment"), py::arg("out"));
+
+  py::class_<FollowerCore>(m, "FollowerCore",
+                           "A rank of a group learner other than its leader (see ddiloco.GroupLearner)")
+      .def(py::init<const LearnerOptions&, const std::vector<std::string>&, const py::list&, const std::vector<bool>&,
+                    py::object, py::object, py::object>(),
+           py::arg("options"), py::arg("names"), py::arg("tensors"), py::arg("embedding"), py::arg("float32"),
+           py::arg("copy_out"), py::arg("copy_in"))
+      .def("apply", &FollowerCore::apply, py::arg("fragment"), py::arg("version"), py::arg("values"))
+      .def("check_all", &FollowerCore::check_all)
+      .def("set_versions", &FollowerCore::set_versions, py::arg("versions"))
+      .def_property_readonly("staged", &FollowerCore::staged)
+      .def("status", &FollowerCore::status)
+      .def("plan", &FollowerCore::plan);
 }
 
 }  // namespace ddiloco::python

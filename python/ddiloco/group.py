@@ -1,0 +1,360 @@
+"""ddiloco.GroupLearner: one learner made of the R ranks of a torch.distributed group.
+
+The ranks hold replicated parameters (data parallel inside the learner, e.g.
+DDP, whose all-reduced gradients keep them equal). One rank, the leader, holds
+the learner (ddiloco.Learner: the OuterLoop and the connection to the syncer);
+the others hold a ddiloco._core.FollowerCore (the same plan, no connection).
+Every rank calls step() after every inner step; at each step the leader steps
+its learner and broadcasts over the group which globals that step applied,
+then their values, and every other rank applies them with the leader's
+arithmetic (the C++ FragmentApplier) in the same step: the ranks stay
+bit-identical. No maths here: only the collectives and the bookkeeping.
+"""
+from __future__ import annotations
+
+import inspect
+import struct
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from . import _core
+from ._params import NamedParameters, default_fragments, embedding_flags, fill, named_parameters, reject_unknown
+from .learner import Learner, StepReport, _copy_in, _copy_out
+
+_WHO = "ddiloco.GroupLearner"
+_TOKEN_COUNTS = ("sum", "leader")
+# The header the leader broadcasts at each step: [count applied (-1: the leader failed), sent (-1: none),
+# waited, fragment ids (P slots), versions (P slots)].
+_FAILED = -1
+
+
+def _error(cls, text: str) -> Exception:
+    """A ddiloco.Error raised from Python, with the id prefix the C++ ones carry."""
+    ids = {_core.InvalidArgument: "ddiloco.invalid_argument", _core.ShapeMismatch: "ddiloco.shape_mismatch",
+           _core.StateError: "ddiloco.state", _core.TransportError: "ddiloco.transport"}
+    return cls(f"[{ids[cls]}] {_WHO}: {text}")
+
+
+def _signed64(x: int) -> int:
+    return x - (1 << 64) if x >= (1 << 63) else x
+
+
+def _float_bits(x: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+def _global_rank(group, group_rank: int) -> int:
+    if group is None or group is dist.group.WORLD:
+        return group_rank
+    if hasattr(dist, "get_global_rank"):  # torch >= 2.0
+        return dist.get_global_rank(group, group_rank)
+    from torch.distributed import distributed_c10d
+    return distributed_c10d._get_global_rank(group, group_rank)
+
+
+class GroupLearner:
+    """One learner of a Decoupled DiLoCo run made of every rank of ``group``
+    (a ``torch.distributed`` process group, default the whole world; gloo for
+    CPU parameters, NCCL for CUDA ones), which hold replicated parameters.
+
+    Create it on every rank with the same arguments, then call ``join()`` and,
+    after every inner ``optimizer.step()``, ``step(tokens)`` on every rank
+    (both are collectives over the group). The rank ``leader`` (a rank within
+    the group) talks to the syncer as learner ``id``; the others apply what its
+    steps apply, at the same step, and stay bit-identical to it.
+
+    ``token_count``: ``"sum"`` (default): ``step(tokens)`` takes this rank's
+    tokens and the learner accounts the group's sum (one all-reduce of one
+    integer per step); ``"leader"``: the leader's argument is the group's total
+    and the others' are ignored (no extra collective).
+
+    The other keywords are ``ddiloco.Learner``'s; every rank must pass the same
+    ``fragments``, ``alpha`` and ``embedding`` (checked at creation). Set the
+    group's timeout (``init_process_group(timeout=...)``) above ``join_timeout``
+    and, in lock-step mode, above ``lock_step_timeout``: the other ranks wait in
+    a collective while the leader joins or waits. A collective that fails (a
+    rank died) raises ``ddiloco.TransportError`` on the ranks that see it, and
+    the leader leaves the run: the group's learner is down; restart every rank,
+    and it rejoins as a whole. See docs/python.md, "Learners that are groups".
+    """
+
+    def __init__(self, model: NamedParameters, *, endpoint: str, id: int, group=None, leader: int = 0,
+                 token_count: str = "sum", **learner_keywords):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise _error(_core.StateError, "torch.distributed is not initialised; call "
+                         "torch.distributed.init_process_group(backend, ..., timeout=...) on every rank first")
+        known = {p.name for p in inspect.signature(Learner.__init__).parameters.values()
+                 if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        reject_unknown(_WHO, Learner.__init__, {k: v for k, v in learner_keywords.items() if k not in known})
+        if token_count not in _TOKEN_COUNTS:
+            raise _error(_core.InvalidArgument, f"token_count = {token_count!r} must be 'sum' (each rank passes its "
+                         "own tokens; the group's sum is accounted) or 'leader' (the leader passes the group's)")
+        self.group = group
+        self.group_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if not (isinstance(leader, int) and 0 <= leader < self.group_size):
+            raise _error(_core.InvalidArgument, f"leader = {leader!r} is not a rank of the group (0 to "
+                         f"{self.group_size - 1}); pass the group rank of the process that talks to the syncer")
+        self.leader = leader
+        self.is_leader = self.rank == leader
+        self.id = id
+        self._src = _global_rank(group, leader)
+        self._token_count = token_count
+        backend = dist.get_backend(group)
+        self._device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self._down: Optional[str] = None
+        self._step = 0
+        self._tokens = 0
+
+        names, tensors, modules = named_parameters(model, _WHO)
+        self.names = names
+        self.parameters = tensors
+        signature = inspect.signature(Learner.__init__).parameters
+        alpha = learner_keywords.get("alpha", signature["alpha"].default)
+        failure: Optional[BaseException] = None
+        self._learner: Optional[Learner] = None
+        self._follower = None
+        try:
+            if self.is_leader:
+                self._learner = Learner(model, endpoint=endpoint, id=id, **learner_keywords)
+                plan = self._learner.plan
+            else:
+                flags = embedding_flags(names, tensors, modules, learner_keywords.get("embedding"), _WHO)
+                o = _core.LearnerOptions()
+                fill(_WHO, o, {
+                    "fragments": ("fragments", default_fragments(learner_keywords.get("fragments"), len(names))),
+                    "alpha": ("alpha", alpha),
+                    "staging": ("staging", learner_keywords.get("staging", signature["staging"].default))})
+                self._follower = _core.FollowerCore(o, names, tensors, flags, torch.float32, _copy_out, _copy_in)
+                plan = self._follower.plan()
+        except BaseException as e:  # the others must not wait for this rank: say it in the check below
+            failure, plan = e, None
+
+        # Every rank checks that every other one built the same plan with the same alpha and token count.
+        mine = torch.tensor([0 if failure else 1, _signed64(plan["fingerprint"]) if plan else 0,
+                             _float_bits(float(alpha)) if isinstance(alpha, (int, float)) else 0,
+                             _TOKEN_COUNTS.index(token_count), leader, plan["numel"] if plan else 0],
+                            dtype=torch.int64, device=self._device)
+        everyone = [torch.empty_like(mine) for _ in range(self.group_size)]
+        self._collective(lambda: dist.all_gather(everyone, mine, group=group), "the creation check")
+        rows = [r.tolist() for r in everyone]
+        if failure is not None:
+            self._close_learner()
+            raise failure
+        broken = [r for r, row in enumerate(rows) if row[0] == 0]
+        if broken:
+            self._close_learner()
+            raise _error(_core.StateError, f"rank {self.rank}: ranks {broken} of the group failed to create their "
+                         "GroupLearner (their errors say why); fix them and create it again on every rank")
+        different = [r for r, row in enumerate(rows) if row[1:] != rows[leader][1:]]
+        if different:
+            self._close_learner()
+            r = different[0]
+            raise _error(_core.InvalidArgument, f"rank {r} built a different learner from the leader's (rank "
+                         f"{leader}): plan fingerprint {rows[r][1] & ((1 << 64) - 1):016x} vs "
+                         f"{rows[leader][1] & ((1 << 64) - 1):016x}, {rows[r][5]} vs {rows[leader][5]} parameters, "
+                         f"alpha bits {rows[r][2]} vs {rows[leader][2]}, token_count "
+                         f"{_TOKEN_COUNTS[rows[r][3]]!r} vs {_TOKEN_COUNTS[rows[leader][3]]!r}, leader {rows[r][4]} "
+                         f"vs {rows[leader][4]}; create it on every rank from the same model with the same "
+                         "fragments=, alpha=, embedding=, token_count= and leader=")
+        self.plan = plan
+        numels = plan["fragment_numel"]
+        count = len(numels)
+        self._count = count
+        # The step header and its host side (the same tensor on the CPU), written and read through numpy.
+        self._header_host = torch.zeros(3 + 2 * count, dtype=torch.int64)
+        self._header = self._header_host if self._device.type == "cpu" else self._header_host.to(self._device)
+        self._header_np = self._header_host.numpy()
+        self._leader_nothing = None
+        self._tokens_buffer = torch.zeros(1, dtype=torch.int64, device=self._device)
+        self._values = torch.empty(max(numels), dtype=torch.float32, device=self._device)
+        # Host side of the values: the buffer itself on the CPU, a staging copy for a device group.
+        self._host = self._values if self._device.type == "cpu" else torch.empty(max(numels), dtype=torch.float32)
+        self._host_np = self._host.numpy()
+        self._nothing = StepReport()
+        self._joined = False
+
+    # ---- collectives -------------------------------------------------------------------
+
+    def _collective(self, call, what: str):
+        try:
+            return call()
+        except RuntimeError as e:  # gloo / NCCL: a peer closed its connection, or the group's timeout passed
+            self._down = (f"a collective with the other ranks failed during {what} at step {self._step} ({e}); "
+                          "a rank of the group died or stopped calling step()")
+            self._close_learner()
+            raise _error(_core.TransportError, f"rank {self.rank} of group learner {self.id}: {self._down}: the "
+                         "group's learner is down (the leader left the run); restart every rank of the group, and it "
+                         "rejoins as a whole") from e
+
+    def _broadcast(self, tensor: torch.Tensor, what: str) -> None:
+        self._collective(lambda: dist.broadcast(tensor, src=self._src, group=self.group), what)
+
+    def _close_learner(self) -> None:
+        if self._learner is not None:
+            try:
+                self._learner.close()
+            except Exception:  # best effort: the group is going down anyway
+                pass
+
+    def _check_up(self, what: str) -> None:
+        if self._down is not None:
+            raise _error(_core.StateError, f"{what}() on rank {self.rank}: the group's learner is down ({self._down}); "
+                         "create a new GroupLearner on every rank (after restarting the group)")
+
+    # ---- the learner ---------------------------------------------------------------------
+
+    def join(self) -> "GroupLearner":
+        """Collective: the leader fetches the global state from the syncer (at most ``join_timeout``
+        seconds, releasing the GIL), then broadcasts it to every rank, which writes it into its parameters."""
+        self._check_up("join")
+        count = len(self.plan["fragment_numel"])
+        header = torch.zeros(1 + count, dtype=torch.int64, device=self._device)
+        failure: Optional[BaseException] = None
+        if self.is_leader:
+            try:
+                self._learner.join()
+                header[0] = 1
+                header[1:] = torch.tensor(self._learner.status()["base_versions"], dtype=torch.int64)
+            except BaseException as e:
+                failure = e
+        self._broadcast(header, "join")
+        h = header.tolist()
+        if h[0] != 1:
+            self._down = f"the leader (rank {self.leader}) could not join"
+            if failure is not None:
+                raise failure
+            raise _error(_core.StateError, f"rank {self.rank}: the group's leader (rank {self.leader}) could not join "
+                         "the run (its error says why); fix it and create the GroupLearner again on every rank")
+        with torch.no_grad():
+            flat = torch.empty(self.plan["numel"], dtype=torch.float32, device=self._device)
+            if self.is_leader:
+                torch.cat([p.detach().reshape(-1).to(self._device) for p in self.parameters], out=flat)
+            else:
+                self._follower.check_all()
+            self._broadcast(flat, "join")
+            if not self.is_leader:
+                offset = 0
+                for p in self.parameters:
+                    n = p.numel()
+                    p.copy_(flat[offset:offset + n].view(p.shape))
+                    offset += n
+                self._follower.set_versions(h[1:])
+        self._joined = True
+        return self
+
+    def step(self, tokens: int) -> StepReport:
+        """Collective: call on every rank once after every inner ``optimizer.step()``. The leader steps its
+        learner (sends the due fragment, applies arrived globals); every rank applies the same globals at this
+        step. Returns the same StepReport on every rank."""
+        if self._down is not None or not self._joined:
+            self._check_up("step")
+            raise _error(_core.StateError, "step() called before join(); call join() on every rank first")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise _error(_core.InvalidArgument, f"tokens = {tokens!r} must be an int >= 0 (the tokens of this inner "
+                         "step)")
+        self._step += 1
+        if self._token_count == "sum":
+            t = self._tokens_buffer
+            t.fill_(tokens)
+            self._collective(lambda: dist.all_reduce(t, group=self.group), "step")
+            tokens = int(t.item())
+        h = self._header_np  # host view of the header
+        count = self._count
+        failure: Optional[BaseException] = None
+        report = None
+        if self.is_leader:
+            try:
+                report = self._learner.step(tokens)
+                if report is self._leader_nothing:
+                    h[0], h[1], h[2] = 0, -1, 0
+                else:
+                    applied = report.applied
+                    n = len(applied)
+                    if n == 0 and report.sent is None and not report.waited:
+                        self._leader_nothing = report  # LearnerCore returns one shared object for such steps
+                    h[0], h[1], h[2] = n, -1 if report.sent is None else report.sent, int(report.waited)
+                    h[3:3 + n] = applied
+                    h[3 + count:3 + count + n] = report.versions
+            except BaseException as e:
+                failure = e
+                h[0] = _FAILED
+            if self._header is not self._header_host:
+                self._header.copy_(self._header_host)
+        self._broadcast(self._header, "step")
+        if failure is not None:
+            self._down = f"the leader's step {self._step} failed: {failure}"
+            self._close_learner()
+            raise failure
+        if not self.is_leader and self._header is not self._header_host:
+            self._header_host.copy_(self._header)
+        n = int(h[0])
+        if n == _FAILED:
+            self._down = f"the leader (rank {self.leader}) failed at step {self._step}"
+            raise _error(_core.StateError, f"rank {self.rank}: the group's leader (rank {self.leader}) failed at step "
+                         f"{self._step} and took the group's learner down (its error says why); restart every rank "
+                         "of the group: it rejoins as a whole")
+        self._tokens += tokens
+        if n == 0 and h[1] < 0 and h[2] == 0:
+            return report if self.is_leader else self._nothing
+        ids = [int(x) for x in h[3:3 + n]]
+        versions = [int(x) for x in h[3 + count:3 + count + n]]
+        numels = self.plan["fragment_numel"]
+        for fragment, version in zip(ids, versions):
+            size = numels[fragment]
+            values = self._values[:size]
+            if self.is_leader:
+                self._learner._core.copy_applied(fragment, self._host_np[:size])
+                if self._values is not self._host:
+                    values.copy_(self._host[:size])
+            self._broadcast(values, "step")
+            if not self.is_leader:
+                if self._values is not self._host:
+                    self._host[:size].copy_(values)
+                self._follower.apply(fragment, version, self._host_np[:size])
+        if self.is_leader:
+            return report
+        return StepReport(sent=None if h[1] < 0 else int(h[1]), applied=ids, versions=versions, waited=bool(h[2]))
+
+    def leave(self) -> None:
+        """The leader tells the syncer the group's learner is going away (best effort); a no-op elsewhere."""
+        if self._learner is not None:
+            self._learner.leave()
+
+    def close(self) -> None:
+        """The leader leaves if joined and closes the connection; a no-op elsewhere. Not a collective."""
+        self._close_learner()
+        self._joined = False
+
+    @property
+    def joined(self) -> bool:
+        return self._joined and self._down is None
+
+    @property
+    def staged(self) -> bool:
+        """True when this rank's parameters go through host copies (not on the CPU, or staging='always')."""
+        return self._learner.staged if self.is_leader else self._follower.staged
+
+    def status(self) -> dict:
+        """This rank's counters. The leader: ddiloco.Learner.status() (whose tokens are the group's). Every
+        rank: role ('leader' or 'follower'), rank, leader, group_size, group_step, group_tokens, and down (None,
+        or why the group's learner went down); the others also applies and base_versions (as the leader's)."""
+        if self.is_leader:
+            d = self._learner.status()
+        else:
+            d = self._follower.status()
+            d["step"] = self._step
+            d["tokens"] = self._tokens
+        d.update(role="leader" if self.is_leader else "follower", rank=self.rank, leader=self.leader,
+                 group_size=self.group_size, group_step=self._step, group_tokens=self._tokens, down=self._down)
+        return d
+
+    def __enter__(self) -> "GroupLearner":
+        if not self._joined:
+            self.join()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,84 @@
+"""One rank of a group learner for tests/python/test_group.py (run as a process, not collected by pytest).
+
+    python3 group_worker.py --endpoint tcp://... --id 2 --rank 0 --world 2 --init /tmp/x/init --out /tmp/x/r
+
+The ranks form a gloo group (file:// rendezvous, bounded timeout), train the test's linear model data
+parallel (gradients all-reduced, as DDP does: the ranks' inner steps stay equal) and step a
+ddiloco.GroupLearner after every optimizer step. Each rank writes <out>.<rank>.json at the end: its status,
+its parameters' bytes (hex) and, on failure, the error; the leader also writes <out>.progress.json every
+few steps (atomically). Exit status: 0 done, 3 a ddiloco or collective error (the group went down).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import ddiloco
+from group_task import BATCH, inner_step, model_of, task
+
+
+def write_json(path, value):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)
+
+
+def main():
+    a = argparse.ArgumentParser()
+    a.add_argument("--endpoint", required=True)
+    a.add_argument("--id", type=int, required=True)
+    a.add_argument("--rank", type=int, required=True)
+    a.add_argument("--world", type=int, default=2)
+    a.add_argument("--init", required=True, help="file:// rendezvous path (must not exist yet)")
+    a.add_argument("--out", required=True, help="prefix of the result files")
+    a.add_argument("--steps", type=int, default=0, help="inner steps (0: until stopped or --max-seconds)")
+    a.add_argument("--max-seconds", type=float, default=90.0, help="give up after this long (no orphans)")
+    a.add_argument("--alpha", type=float, default=0.0)
+    a.add_argument("--lr", type=float, default=0.02)
+    a.add_argument("--timeout", type=float, default=20.0, help="the group's collective timeout, seconds")
+    args = a.parse_args()
+    start = time.monotonic()
+    dist.init_process_group("gloo", init_method="file://" + args.init, rank=args.rank, world_size=args.world,
+                            timeout=timedelta(seconds=args.timeout))
+    model = model_of()
+    x, y = task(1000 * args.id + args.rank)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    result = {"rank": args.rank}
+    code = 0
+    learner = None
+    try:
+        learner = ddiloco.GroupLearner(model, endpoint=args.endpoint, id=args.id, plaintext=True, fragments=2,
+                                       sync_every=8, overlap=1, alpha=args.alpha, join_timeout=15)
+        with learner:
+            if learner.is_leader:
+                write_json(args.out + ".progress.json", learner.status())
+            i = 0
+            while args.steps == 0 or i < args.steps:
+                if time.monotonic() - start > args.max_seconds:
+                    raise TimeoutError(f"rank {args.rank}: still running after {args.max_seconds} s")
+                inner_step(model, opt, x, y, i, all_reduce=True)
+                learner.step(BATCH)
+                i += 1
+                if learner.is_leader and i % 10 == 0:
+                    write_json(args.out + ".progress.json", learner.status())
+            result["status"] = learner.status()
+    except (ddiloco.Error, RuntimeError) as e:  # the group went down (a rank died): say it and exit
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["status"] = learner.status() if learner is not None else None
+        code = 3
+    result["params"] = [p.detach().numpy().tobytes().hex() for p in model.parameters()]
+    write_json(f"{args.out}.{args.rank}.json", result)
+    if code == 0:
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(code)  # a group whose peer died may not shut down cleanly: do not wait for it
+
+
+if __name__ == "__main__":
+    main()
