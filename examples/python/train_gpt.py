@@ -241,7 +241,7 @@ def worker(config_path: str, process: int) -> int:
         opt.step()
         t1, c1 = time.perf_counter(), time.thread_time()
         if learner is not None:
-            learner.step(tokens_per_step)  # a group learner sums its ranks' tokens
+            learner.step(tokens_per_step * ranks)  # a group learner: the group's tokens (its leader's count)
         t2, c2 = time.perf_counter(), time.thread_time()
         ddiloco_s += t2 - t1
         ddiloco_cpu += c2 - c1
@@ -290,10 +290,8 @@ def worker(config_path: str, process: int) -> int:
 def make_group_learner(ddiloco, model, group, rank, kw):
     """The learner of an R-rank group: ddiloco's group API (rank 0 talks to the syncer and broadcasts
     the fragments it applies; every rank applies them at the same inner step)."""
-    if not hasattr(ddiloco, "GroupLearner"):
-        raise SystemExit("this ddiloco package has no group learners (ddiloco.GroupLearner); run with "
-                         "--group-ranks 1")
-    return ddiloco.GroupLearner(model, group=group, leader=0, **kw).join()
+    # token_count="leader": the leader passes the group's tokens, which saves an all-reduce per step.
+    return ddiloco.GroupLearner(model, group=group, leader=0, token_count="leader", **kw).join()
 
 
 # ---- launcher ----------------------------------------------------------------------------------

@@ -13,8 +13,6 @@ import sys
 
 import pytest
 
-import ddiloco
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "examples", "python", "train_gpt.py")
 SYNCER = os.environ.get("DDILOCO_SYNCER")
@@ -46,13 +44,14 @@ def check_learned(res):
 
 
 def test_ddiloco_mode_learns_with_a_group_learner_and_reports_its_overhead(tmp_path):
-    group = ["--group-ranks", "2"] if hasattr(ddiloco, "GroupLearner") else ["--group-ranks", "1"]
     extra = ["--export", os.environ["DDILOCO_EXPORT"]] if os.environ.get("DDILOCO_EXPORT") else []
-    res, out = run(tmp_path / "ddiloco", "--mode", "ddiloco", "--start-syncer", SYNCER, *group, *extra)
+    res, out = run(tmp_path / "ddiloco", "--mode", "ddiloco", "--start-syncer", SYNCER, "--learners", "2",
+                   "--group-ranks", "2", *extra)
     check_learned(res)
     assert "ddiloco" in out and "time in ddiloco calls" in out  # progress and the overhead line
     leaders = [p for p in res["processes_detail"] if p["rank"] == 0]
-    assert len(leaders) == res["config"]["learners"]
+    assert len(leaders) == res["config"]["learners"] == 2 and res["processes"] == 3
+    assert [p["ranks"] for p in res["processes_detail"]] == [1, 2, 2]  # learner 1 is a 2-rank group
     for p in leaders:  # every learner took part: sent fragments and applied merged ones
         assert p["sends"] > 0 and p["applies"] > 0 and p["bytes_sent"] > 0, p
     for p in res["processes_detail"]:
