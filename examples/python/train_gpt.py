@@ -50,7 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["ddiloco", "ddp"], default="ddiloco", help="(default: %(default)s)")
     ap.add_argument("--out", default="results/python/run", help="output folder (default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=600, help="inner steps per process (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=1000, help="inner steps per process (default: %(default)s)")
     ap.add_argument("--tiny", action="store_true",
                     help="a tiny model and schedule for smoke tests: " + ", ".join(f"{k}={v}" for k, v in TINY.items()))
     ap.add_argument("--learners", type=int, default=3, help="ddiloco: M learners (default: %(default)s)")
@@ -194,6 +194,25 @@ def worker(config_path: str, process: int) -> int:
         group = dist.group.WORLD
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.95), weight_decay=0.01)
 
+    # Wall and CPU (this thread's) seconds of the steps and of the ddiloco calls in them: on an
+    # oversubscribed machine a call that wakes ZeroMQ's I/O thread can lose the core for a time
+    # slice, which the wall time counts and the CPU time does not.
+    curve, train_s, eval_s, ddiloco_s, last_loss = [], 0.0, 0.0, 0.0, float("nan")
+    train_cpu, ddiloco_cpu = 0.0, 0.0
+    by_kind = {k: [0, 0.0, 0.0] for k in ("sent", "applied", "nothing")}  # steps, wall s, CPU s of the calls
+    losses = []
+
+    def record(step: int) -> None:
+        nonlocal eval_s
+        t = time.perf_counter()
+        v = gpt.evaluate(model, val)
+        eval_s += time.perf_counter() - t
+        curve.append({"step": step, "time_s": train_s, "tokens": step * tokens_per_step * cfg["processes"],
+                      "val_loss": v})
+        print(f"{tag} step {step} val {v:.4f} ({train_s:.1f} s)", flush=True)
+
+    if process == 0:
+        record(0)  # the initial parameters: the syncer's initial global in ddiloco mode
     learner, join_s = None, 0.0
     if cfg["mode"] == "ddiloco":
         import ddiloco
@@ -210,24 +229,6 @@ def worker(config_path: str, process: int) -> int:
     # so its initial broadcast from rank 0 carries the joined values).
     net = torch.nn.parallel.DistributedDataParallel(model) if group is not None else model
 
-    # Wall and CPU (this thread's) seconds of the steps and of the ddiloco calls in them: on an
-    # oversubscribed machine a call that wakes ZeroMQ's I/O thread can lose the core for a time
-    # slice, which the wall time counts and the CPU time does not.
-    curve, train_s, eval_s, ddiloco_s, last_loss = [], 0.0, 0.0, 0.0, float("nan")
-    train_cpu, ddiloco_cpu = 0.0, 0.0
-    losses = []
-
-    def record(step: int) -> None:
-        nonlocal eval_s
-        t = time.perf_counter()
-        v = gpt.evaluate(model, val)
-        eval_s += time.perf_counter() - t
-        curve.append({"step": step, "time_s": train_s, "tokens": step * tokens_per_step * cfg["processes"],
-                      "val_loss": v})
-        print(f"{tag} step {step} val {v:.4f} ({train_s:.1f} s)", flush=True)
-
-    if process == 0:
-        record(0)
     t_start = time.perf_counter()
     for step in range(1, cfg["steps"] + 1):
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -240,9 +241,15 @@ def worker(config_path: str, process: int) -> int:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         t1, c1 = time.perf_counter(), time.thread_time()
+        report = None
         if learner is not None:
-            learner.step(tokens_per_step * ranks)  # a group learner: the group's tokens (its leader's count)
+            report = learner.step(tokens_per_step * ranks)  # a group learner: the group's tokens (its leader's)
         t2, c2 = time.perf_counter(), time.thread_time()
+        if report is not None:
+            kind = by_kind["sent" if report.sent is not None else "applied" if report.applied else "nothing"]
+            kind[0] += 1
+            kind[1] += t2 - t1
+            kind[2] += c2 - c1
         ddiloco_s += t2 - t1
         ddiloco_cpu += c2 - c1
         train_s += t2 - t0
@@ -271,6 +278,7 @@ def worker(config_path: str, process: int) -> int:
         result.update({"ddiloco_s": ddiloco_s, "ddiloco_overhead_pct": 100.0 * ddiloco_s / train_s, "join_s": join_s,
                        "train_cpu_s": train_cpu, "ddiloco_cpu_s": ddiloco_cpu,
                        "ddiloco_overhead_cpu_pct": 100.0 * ddiloco_cpu / max(train_cpu, 1e-9),
+                       "ddiloco_calls": {k: {"steps": v[0], "wall_s": v[1], "cpu_s": v[2]} for k, v in by_kind.items()},
                        "sends": st.get("sends", 0), "applies": st.get("applies", 0),
                        "late_applies": st.get("late_applies", 0), "bytes_sent": st.get("bytes_out", 0),
                        "bytes_received": st.get("bytes_in", 0)})
@@ -284,7 +292,12 @@ def worker(config_path: str, process: int) -> int:
         dist.destroy_process_group()
     with open(os.path.join(cfg["out"], f"process-{process}.json"), "w") as f:
         json.dump(result, f)
-    return 0
+    # Everything is written and the learner has left: skip the interpreter's teardown, where torch
+    # 1.13 can deadlock destroying DDP's gloo process group (its destructor joins a thread that
+    # waits for the GIL the destroying thread holds).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def make_group_learner(ddiloco, model, group, rank, kw):
@@ -410,8 +423,18 @@ def launcher(args) -> int:
         workers = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", config_path, "--process",
                                      str(p)]) for p in range(processes)]
         deadline = time.monotonic() + args.timeout
+        done_at = None  # when every process had written its results
         try:
             while any(w.poll() is None for w in workers):
+                if done_at is None and all(os.path.exists(os.path.join(out, f"process-{p}.json"))
+                                           for p in range(processes)):
+                    done_at = time.monotonic()
+                if done_at is not None and time.monotonic() > done_at + 30:
+                    late = [i for i, w in enumerate(workers) if w.poll() is None]
+                    print(f"note: processes {late} wrote their results but did not exit within 30 s; stopping them",
+                          file=sys.stderr)
+                    stop([workers[i] for i in late])
+                    break
                 failed = [i for i, w in enumerate(workers) if w.poll() not in (None, 0)]
                 if failed:
                     raise SystemExit(f"train_gpt.py: process {failed[0]} exited with "
@@ -422,7 +445,8 @@ def launcher(args) -> int:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"train_gpt.py: the run took longer than --timeout {args.timeout} s; stopped")
                 time.sleep(0.2)
-            failed = [i for i, w in enumerate(workers) if w.returncode != 0]
+            failed = [i for i, w in enumerate(workers)
+                      if w.returncode != 0 and not os.path.exists(os.path.join(out, f"process-{i}.json"))]
             if failed:
                 raise SystemExit(f"train_gpt.py: process {failed[0]} exited with {workers[failed[0]].returncode}")
         finally:
