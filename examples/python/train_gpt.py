@@ -194,22 +194,28 @@ def worker(config_path: str, process: int) -> int:
         group = dist.group.WORLD
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.95), weight_decay=0.01)
 
-    # Wall and CPU (this thread's) seconds of the steps and of the ddiloco calls in them. On an
-    # oversubscribed machine the wall time of a call also counts the time slices the thread lost
-    # inside it (to other processes, or waiting for the other ranks of a group); the CPU time not.
-    curve, train_s, eval_s, ddiloco_s, last_loss = [], 0.0, 0.0, 0.0, float("nan")
-    train_cpu, ddiloco_cpu = 0.0, 0.0
+    # Training time: the wall (and this thread's CPU) seconds since the first step, less the
+    # evaluations. The ddiloco calls: the same clocks around each call. On an oversubscribed machine
+    # the wall time of a call also counts the time slices the thread lost inside it (to other
+    # processes, or waiting for the other ranks of a group); the CPU time does not.
+    curve, eval_s, eval_cpu, ddiloco_s, ddiloco_cpu, last_loss = [], 0.0, 0.0, 0.0, 0.0, float("nan")
+    t_start = c_start = None
     by_kind = {k: [0, 0.0, 0.0] for k in ("sent", "applied", "nothing")}  # steps, wall s, CPU s of the calls
     losses = []
 
+    def train_time() -> float:
+        return 0.0 if t_start is None else time.perf_counter() - t_start - eval_s
+
     def record(step: int) -> None:
-        nonlocal eval_s
-        t = time.perf_counter()
+        nonlocal eval_s, eval_cpu
+        at = train_time()
+        c, t = time.thread_time(), time.perf_counter()
         v = gpt.evaluate(model, val)
         eval_s += time.perf_counter() - t
-        curve.append({"step": step, "time_s": train_s, "tokens": step * tokens_per_step * cfg["processes"],
+        eval_cpu += time.thread_time() - c
+        curve.append({"step": step, "time_s": at, "tokens": step * tokens_per_step * cfg["processes"],
                       "val_loss": v})
-        print(f"{tag} step {step} val {v:.4f} ({train_s:.1f} s)", flush=True)
+        print(f"{tag} step {step} val {v:.4f} ({at:.1f} s)", flush=True)
 
     if process == 0:
         record(0)  # the initial parameters: the syncer's initial global in ddiloco mode
@@ -229,10 +235,10 @@ def worker(config_path: str, process: int) -> int:
     # so its initial broadcast from rank 0 carries the joined values).
     net = torch.nn.parallel.DistributedDataParallel(model) if group is not None else model
 
+    eval_s = eval_cpu = 0.0  # the step-0 evaluation came before the first step: not in the training time
+    c_start = time.thread_time()
     t_start = time.perf_counter()
     for step in range(1, cfg["steps"] + 1):
-        c0 = time.thread_time()
-        t0 = time.perf_counter()
         for group_ in opt.param_groups:
             group_["lr"] = cfg["lr"] * min(1.0, step / cfg["warmup"])
         x, y = sampler.next()
@@ -258,14 +264,12 @@ def worker(config_path: str, process: int) -> int:
             kind[2] += c2 - c1
         ddiloco_s += t2 - t1
         ddiloco_cpu += c2 - c1
-        train_s += t2 - t0
-        train_cpu += c2 - c0
         last_loss = loss.item()
         losses.append(last_loss)
         if process == 0 and (step % cfg["eval_every"] == 0 or step == cfg["steps"]):
             record(step)
         if rank == 0 and (step % cfg["log_every"] == 0 or step == cfg["steps"]):
-            extra = ""
+            extra, train_s, train_cpu = "", train_time(), time.thread_time() - c_start - eval_cpu
             if learner is not None:
                 st = learner.status()
                 extra = f" | ddiloco {100 * ddiloco_s / train_s:.2f}% of step time " \
@@ -274,6 +278,7 @@ def worker(config_path: str, process: int) -> int:
             print(f"{tag} step {step}/{cfg['steps']} loss {last_loss:.4f} | "
                   f"{step * tokens_per_step * ranks / train_s:.0f} tok/s{extra}", flush=True)
     wall_s = time.perf_counter() - t_start
+    train_s, train_cpu = train_time(), time.thread_time() - c_start - eval_cpu
 
     result = {"process": process, "learner": learner_id, "rank": rank, "ranks": ranks, "steps": cfg["steps"],
               "tokens": cfg["steps"] * tokens_per_step, "train_s": train_s, "eval_s": eval_s, "loop_wall_s": wall_s,
