@@ -112,8 +112,8 @@ def main():
     cpu = []
     med, best = nothing_due(cpu)
     figures.update(python_median_ns=med, python_best_ns=best, python_cpu_median_ns=cpu[0])
-    print(f"step() nothing due (24 fragments x 24 tensors): median {med / 1000:.3f} us, best batch {best / 1000:.3f} us, "
-          f"CPU {cpu[0]:.0f} ns")
+    print(f"step() nothing due (24 fragments x 24 tensors): median {med / 1000:.3f} us, "
+          f"best batch {best / 1000:.3f} us, CPU {cpu[0]:.0f} ns")
     loop_med, _ = per_call(lambda: None, 4000)
     print(f"  (an empty Python lambda call: {loop_med / 1000:.3f} us)")
     params = [("w", torch.zeros(8))]

@@ -30,7 +30,6 @@ import argparse
 import ctypes
 import datetime
 import json
-import math
 import os
 import signal
 import socket
@@ -67,7 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--warmup", type=int, default=20, help="linear warm-up steps (default: %(default)s)")
     g.add_argument("--seed", type=int, default=1, help="initial parameters and data order (default: %(default)s)")
     g.add_argument("--fortunes", default="/usr/share/games/fortunes", help="corpus folder (default: %(default)s)")
-    g.add_argument("--eval-every", type=int, default=50, help="process 0 evaluates every N steps (default: %(default)s)")
+    g.add_argument("--eval-every", type=int, default=50,
+                   help="process 0 evaluates every N steps (default: %(default)s)")
     g.add_argument("--eval-batches", type=int, default=16, help="validation batches (default: %(default)s)")
     d = ap.add_argument_group("ddiloco")
     d.add_argument("--start-syncer", metavar="PATH", help="start this ddiloco_syncer program for the run")
@@ -103,8 +103,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         for k, v in TINY.items():
             if k not in explicit:
                 setattr(a, k, v)
-    for name in ("steps", "learners", "group_ranks", "width", "layers", "heads", "context", "batch", "eval_every",
-                 "eval_batches", "fragments", "sync_every", "log_every"):
+    for name in ("steps", "learners", "group_ranks", "width", "layers", "heads", "context", "batch", "warmup",
+                 "eval_every", "eval_batches", "fragments", "sync_every", "log_every"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} = {getattr(a, name)} must be >= 1")
     for name in ("lr", "outer_lr", "timeout"):
