@@ -733,6 +733,133 @@ TEST_CASE("A stale rejection answered with the current fragment resynchronises t
   CHECK(r.syncer.status().contributions_accepted == 2 + 2);  // learner 2's two, learner 1's step 4 and 6
 }
 
+// ---- applied fragments and FragmentApplier (learners that are groups) ---------------
+
+namespace {
+
+/// A deterministic "inner step" with values that are not short binary
+/// fractions (so mixing rounds): the same on every replica of a group.
+template <class T>
+void replicated_inner_step(std::vector<T>& params, int step) {
+  for (std::size_t t = 0; t < params.size(); ++t) {
+    Flat v = values(params[t]);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] -= 0.01f * std::sin(0.37f * static_cast<float>(step) + 1.3f * static_cast<float>(t * 7 + i)) + 0.003f;
+    write_tensor(params[t], std::span<const float>(v));
+  }
+}
+
+template <class T>
+std::vector<T> copy_as(const VecParams& from) {
+  std::vector<T> out;
+  for (const Flat& f : from) {
+    if constexpr (std::is_same_v<T, DeviceTensor>) {
+      out.push_back(DeviceTensor{f});
+    } else {
+      out.push_back(f);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("A follower applying the leader's reported fragments at the same step stays bit-identical to it",
+                   "[outer_loop][group]", std::vector<float>, DeviceTensor) {
+  using F = TestType;  // the follower's tensor type: in place, or staged like a device tensor
+  const float alpha = GENERATE(0.0f, 0.3f, 0.7f);
+  INFO("alpha = " << alpha);
+  Rig r(1024, {}, [] {
+    SyncerConfig c = one_per_round();
+    c.quorum.min_quorum = 2;  // merges of two learners: the global differs from either's local values
+    return c;
+  }());
+  auto lt1 = r.net.learner(1);
+  auto lt2 = r.net.learner(2);
+  Outer leader(r.plan, lt1, learner_config(1, 1, alpha));
+  Outer other(r.plan, lt2, learner_config(2, 2, alpha));
+  VecParams lp = zero_params(), op = zero_params();
+  r.join(leader, lp);
+  r.join(other, op);
+  std::vector<F> follower = copy_as<F>(lp);  // the group broadcasts the joined state
+  FragmentApplier<F> applier(r.plan, alpha);
+
+  std::size_t followed = 0;
+  std::vector<std::size_t> applied_per_fragment(2, 0);
+  for (int t = 1; t <= 200; ++t) {
+    replicated_inner_step(lp, t);
+    replicated_inner_step(follower, t);
+    replicated_inner_step(op, 1000 + t);
+    const StepReport report = leader.step(lp, 3);
+    other.step(op, 3);
+    REQUIRE(report.applied == report.applied_fragments.size());
+    for (const AppliedFragment& a : report.applied_fragments) {
+      // What was applied is what the leader now has as its base and global.
+      REQUIRE(a.values);
+      CHECK(a.version == leader.base_version(a.fragment));
+      CHECK(a.version == leader.global_version(a.fragment));
+      CHECK(a.values->data() == leader.global_fragment(a.fragment).data());  // shared, not copied
+      applier.apply(std::span<F>(follower), a.fragment, std::span<const float>(*a.values));
+      ++applied_per_fragment[a.fragment];
+      ++followed;
+    }
+    // Bit-identical after every step, not only at the end.
+    for (std::size_t k = 0; k < lp.size(); ++k) REQUIRE(values(follower[k]) == lp[k]);
+    r.pump();
+  }
+  CHECK(followed == applies_since_join(leader));
+  CHECK(applied_per_fragment[0] >= 20);
+  CHECK(applied_per_fragment[1] >= 20);
+  // Quorum 2: every merge the leader applied held the other learner's contribution too.
+  CHECK(r.syncer.fragment(0).second >= applied_per_fragment[0]);
+  CHECK(lp != op);
+}
+
+TEST_CASE("FragmentApplier mixes as alpha * local + (1 - alpha) * global, and overwrites with alpha = 0",
+          "[outer_loop][group]") {
+  const Plan plan = small_plan();
+  VecParams params = {{1, 2, 3, 4}, {5, 6}, {7, 8}};
+  const Flat global1 = {10, 20, 30, 40};  // fragment 1: b then c
+  FragmentApplier<Flat> mix(plan, 0.25f);
+  mix.apply(std::span<Flat>(params), 1, std::span<const float>(global1));
+  CHECK(params[kW] == Flat{1, 2, 3, 4});
+  CHECK(params[kB] == Flat{0.25f * 5 + 0.75f * 10, 0.25f * 6 + 0.75f * 20});
+  CHECK(params[kC] == Flat{0.25f * 7 + 0.75f * 30, 0.25f * 8 + 0.75f * 40});
+  FragmentApplier<Flat> overwrite(plan, 0.0f);
+  const Flat global0 = {-1, -2, -3, -4};
+  overwrite.apply(std::span<Flat>(params), 0, std::span<const float>(global0));
+  CHECK(params[kW] == global0);
+}
+
+TEST_CASE("FragmentApplier refuses a bad fragment index, global size, tensor count or size, or alpha, naming it, "
+          "before writing anything",
+          "[outer_loop][group]") {
+  const Plan plan = small_plan();
+  const VecParams before = {{1, 2, 3, 4}, {5, 6}, {7, 8}};
+  VecParams params = before;
+  FragmentApplier<Flat> applier(plan, 0.5f);
+  const Flat global1(4, 9.0f);
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(applier.apply(std::span<Flat>(params), 2, std::span<const float>(global1)),
+                    Contains("fragment 2 does not exist") && Contains("2 fragments"));
+  CHECK_THROWS_AS(applier.apply(std::span<Flat>(params), 2, std::span<const float>(global1)), InvalidArgument);
+  const Flat short_global(3, 9.0f);
+  CHECK_THROWS_WITH(applier.apply(std::span<Flat>(params), 1, std::span<const float>(short_global)),
+                    Contains("fragment 1 has 3 values but the fragment has 4"));
+  CHECK_THROWS_AS(applier.apply(std::span<Flat>(params), 1, std::span<const float>(short_global)), ShapeMismatch);
+  VecParams two = {before[0], before[1]};
+  CHECK_THROWS_WITH(applier.apply(std::span<Flat>(two), 1, std::span<const float>(global1)),
+                    Contains("got 2 parameter tensors but the plan has 3"));
+  VecParams resized = before;
+  resized[kC].push_back(0.0f);
+  CHECK_THROWS_WITH(applier.apply(std::span<Flat>(resized), 1, std::span<const float>(global1)),
+                    Contains("tensor 2 ('c') has 3 elements but the plan says 2"));
+  CHECK(resized[kB] == before[kB]);  // checked before writing: b is untouched
+  CHECK(params == before);
+  CHECK_THROWS_WITH(FragmentApplier<Flat>(plan, 1.0f), Contains("alpha = 1") && Contains("[0, 1)"));
+  CHECK_THROWS_AS(FragmentApplier<Flat>(plan, -0.1f), InvalidArgument);
+}
+
 // ---- tensor types ------------------------------------------------------------------
 
 namespace {
@@ -971,131 +1098,4 @@ TEST_CASE("A join the syncer refuses throws ProtocolError naming both plans, or 
     r.pump();
     CHECK(outer.poll_join(p));
   }
-}
-
-// ---- applied fragments and FragmentApplier (learners that are groups) ---------------
-
-namespace {
-
-/// A deterministic "inner step" with values that are not short binary
-/// fractions (so mixing rounds): the same on every replica of a group.
-template <class T>
-void replicated_inner_step(std::vector<T>& params, int step) {
-  for (std::size_t t = 0; t < params.size(); ++t) {
-    Flat v = values(params[t]);
-    for (std::size_t i = 0; i < v.size(); ++i)
-      v[i] -= 0.01f * std::sin(0.37f * static_cast<float>(step) + 1.3f * static_cast<float>(t * 7 + i)) + 0.003f;
-    write_tensor(params[t], std::span<const float>(v));
-  }
-}
-
-template <class T>
-std::vector<T> copy_as(const VecParams& from) {
-  std::vector<T> out;
-  for (const Flat& f : from) {
-    if constexpr (std::is_same_v<T, DeviceTensor>) {
-      out.push_back(DeviceTensor{f});
-    } else {
-      out.push_back(f);
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-TEMPLATE_TEST_CASE("A follower applying the leader's reported fragments at the same step stays bit-identical to it",
-                   "[outer_loop][group]", std::vector<float>, DeviceTensor) {
-  using F = TestType;  // the follower's tensor type: in place, or staged like a device tensor
-  const float alpha = GENERATE(0.0f, 0.3f, 0.7f);
-  INFO("alpha = " << alpha);
-  Rig r(1024, {}, [] {
-    SyncerConfig c = one_per_round();
-    c.quorum.min_quorum = 2;  // merges of two learners: the global differs from either's local values
-    return c;
-  }());
-  auto lt1 = r.net.learner(1);
-  auto lt2 = r.net.learner(2);
-  Outer leader(r.plan, lt1, learner_config(1, 1, alpha));
-  Outer other(r.plan, lt2, learner_config(2, 2, alpha));
-  VecParams lp = zero_params(), op = zero_params();
-  r.join(leader, lp);
-  r.join(other, op);
-  std::vector<F> follower = copy_as<F>(lp);  // the group broadcasts the joined state
-  FragmentApplier<F> applier(r.plan, alpha);
-
-  std::size_t followed = 0;
-  std::vector<std::size_t> applied_per_fragment(2, 0);
-  for (int t = 1; t <= 200; ++t) {
-    replicated_inner_step(lp, t);
-    replicated_inner_step(follower, t);
-    replicated_inner_step(op, 1000 + t);
-    const StepReport report = leader.step(lp, 3);
-    other.step(op, 3);
-    REQUIRE(report.applied == report.applied_fragments.size());
-    for (const AppliedFragment& a : report.applied_fragments) {
-      // What was applied is what the leader now has as its base and global.
-      REQUIRE(a.values);
-      CHECK(a.version == leader.base_version(a.fragment));
-      CHECK(a.version == leader.global_version(a.fragment));
-      CHECK(a.values->data() == leader.global_fragment(a.fragment).data());  // shared, not copied
-      applier.apply(std::span<F>(follower), a.fragment, std::span<const float>(*a.values));
-      ++applied_per_fragment[a.fragment];
-      ++followed;
-    }
-    // Bit-identical after every step, not only at the end.
-    for (std::size_t k = 0; k < lp.size(); ++k) REQUIRE(values(follower[k]) == lp[k]);
-    r.pump();
-  }
-  CHECK(followed == applies_since_join(leader));
-  CHECK(applied_per_fragment[0] >= 20);
-  CHECK(applied_per_fragment[1] >= 20);
-  // Quorum 2: every merge the leader applied held the other learner's contribution too.
-  CHECK(r.syncer.fragment(0).second >= applied_per_fragment[0]);
-  CHECK(lp != op);
-}
-
-TEST_CASE("FragmentApplier mixes as alpha * local + (1 - alpha) * global, and overwrites with alpha = 0",
-          "[outer_loop][group]") {
-  const Plan plan = small_plan();
-  VecParams params = {{1, 2, 3, 4}, {5, 6}, {7, 8}};
-  const Flat global1 = {10, 20, 30, 40};  // fragment 1: b then c
-  FragmentApplier<Flat> mix(plan, 0.25f);
-  mix.apply(std::span<Flat>(params), 1, std::span<const float>(global1));
-  CHECK(params[kW] == Flat{1, 2, 3, 4});
-  CHECK(params[kB] == Flat{0.25f * 5 + 0.75f * 10, 0.25f * 6 + 0.75f * 20});
-  CHECK(params[kC] == Flat{0.25f * 7 + 0.75f * 30, 0.25f * 8 + 0.75f * 40});
-  FragmentApplier<Flat> overwrite(plan, 0.0f);
-  const Flat global0 = {-1, -2, -3, -4};
-  overwrite.apply(std::span<Flat>(params), 0, std::span<const float>(global0));
-  CHECK(params[kW] == global0);
-}
-
-TEST_CASE("FragmentApplier refuses a bad fragment index, global size, tensor count or size, or alpha, naming it, "
-          "before writing anything",
-          "[outer_loop][group]") {
-  const Plan plan = small_plan();
-  const VecParams before = {{1, 2, 3, 4}, {5, 6}, {7, 8}};
-  VecParams params = before;
-  FragmentApplier<Flat> applier(plan, 0.5f);
-  const Flat global1(4, 9.0f);
-  using Catch::Matchers::Contains;
-  CHECK_THROWS_WITH(applier.apply(std::span<Flat>(params), 2, std::span<const float>(global1)),
-                    Contains("fragment 2 does not exist") && Contains("2 fragments"));
-  CHECK_THROWS_AS(applier.apply(std::span<Flat>(params), 2, std::span<const float>(global1)), InvalidArgument);
-  const Flat short_global(3, 9.0f);
-  CHECK_THROWS_WITH(applier.apply(std::span<Flat>(params), 1, std::span<const float>(short_global)),
-                    Contains("fragment 1 has 3 values but the fragment has 4"));
-  CHECK_THROWS_AS(applier.apply(std::span<Flat>(params), 1, std::span<const float>(short_global)), ShapeMismatch);
-  VecParams two = {before[0], before[1]};
-  CHECK_THROWS_WITH(applier.apply(std::span<Flat>(two), 1, std::span<const float>(global1)),
-                    Contains("got 2 parameter tensors but the plan has 3"));
-  VecParams resized = before;
-  resized[kC].push_back(0.0f);
-  CHECK_THROWS_WITH(applier.apply(std::span<Flat>(resized), 1, std::span<const float>(global1)),
-                    Contains("tensor 2 ('c') has 3 elements but the plan says 2"));
-  CHECK(resized[kB] == before[kB]);  // checked before writing: b is untouched
-  CHECK(params == before);
-  CHECK_THROWS_WITH(FragmentApplier<Flat>(plan, 1.0f), Contains("alpha = 1") && Contains("[0, 1)"));
-  CHECK_THROWS_AS(FragmentApplier<Flat>(plan, -0.1f), InvalidArgument);
 }

@@ -11,6 +11,12 @@
 //     }
 //
 // What it is not: an optimizer (the inner step is the user's) or a transport.
+// Also here: `FragmentApplier<Tensor>`, the arithmetic of step 3 below on its own.
+// OuterLoop applies through it, and StepReport::applied_fragments says which
+// globals a step applied (with their values, shared), so that the other ranks
+// of a learner that is a group of processes with replicated parameters apply
+// the same globals at the same inner step and stay bit-identical
+// (docs/python.md, "Learners that are groups").
 //
 // Per fragment p the learner keeps a base (the values its next outer gradient
 // is measured from), the version of the last global it applied, the newest
@@ -27,13 +33,6 @@
 //      not arrived, it is applied on arrival (non-blocking), or, in lock-step mode, step() waits for it
 //      (Streaming DiLoCo) for at most `lock_step_timeout`.
 // Host copies are made only of the fragment being sent or applied.
-//
-// Also here: `FragmentApplier<Tensor>`, the arithmetic of step 3 on its own.
-// OuterLoop applies through it, and StepReport::applied_fragments says which
-// globals a step applied (with their values, shared), so that the other ranks
-// of a learner that is a group of processes with replicated parameters apply
-// the same globals at the same inner step and stay bit-identical
-// (docs/python.md, "Learners that are groups").
 #pragma once
 
 #include <algorithm>

@@ -49,13 +49,19 @@ class LearnerOptions:
     def __init__(self) -> None: ...
 
 class StepReport:
-    """What one Learner.step() did."""
+    """What one Learner.step() (or GroupLearner.step()) did."""
+    def __init__(self, *, sent: Optional[int] = None, applied: Sequence[int] = (), versions: Sequence[int] = (),
+                 waited: bool = False) -> None:
+        """A report made in Python (GroupLearner's other ranks); one version per applied fragment."""
     @property
     def sent(self) -> Optional[int]:
         """The fragment sent at this step, or None."""
     @property
     def applied(self) -> List[int]:
         """The fragments whose merged global was written into the parameters at this step (ascending)."""
+    @property
+    def versions(self) -> List[int]:
+        """The version of each global in applied (same order)."""
     @property
     def waited(self) -> bool:
         """Lock-step only: the step waited for a global."""
@@ -84,9 +90,37 @@ class LearnerCore:
     def status(self) -> dict:
         """OuterLoop counters, base_versions per fragment and the ZeroMQ counters."""
     def plan(self) -> dict:
-        """fingerprint, fragments (tensor names of each), embedding (names), numel."""
+        """fingerprint, fragments (tensor names of each), fragment_numel (floats of each), embedding (names),
+        numel."""
     def due_at(self, step: int) -> Optional[int]:
         """The fragment due to be sent at inner step `step` (1-based), or None."""
+    def copy_applied(self, fragment: int, out: np.ndarray) -> int:
+        """Copies the global of `fragment` that the last step applied (its fragment_numel float32 values, in
+        fragment order) into `out` (writable, float32, contiguous, exactly that size); returns its version.
+        StateError if the last step did not apply that fragment. A group's leader broadcasts these values."""
+
+class FollowerCore:
+    """A rank of a group learner other than its leader (see ddiloco.GroupLearner): the leader's plan and
+    parameter contracts (the same checks and messages as LearnerCore), no connection."""
+    def __init__(self, options: LearnerOptions, names: Sequence[str], tensors: list, embedding: Sequence[bool],
+                 float32: object, copy_out: Callable[[object, memoryview], None],
+                 copy_in: Callable[[object, memoryview], None]) -> None:
+        """Checks every tensor and builds the plan from options.fragments; options.alpha is the leader's."""
+    def apply(self, fragment: int, version: int, values: np.ndarray) -> None:
+        """Writes a global the leader's step applied (float32, contiguous, the fragment's numel values in
+        fragment order) into the parameters with the leader's arithmetic, alpha * theta + (1 - alpha) * global
+        (the C++ FragmentApplier), and records its version. Raises naming a bad fragment, size or dtype."""
+    def check_all(self) -> None:
+        """Checks every parameter's contracts again (at a join)."""
+    def set_versions(self, versions: Sequence[int]) -> None:
+        """The leader's base versions (one per fragment), at a join."""
+    @property
+    def staged(self) -> bool:
+        """True when tensors go through host copies."""
+    def status(self) -> dict:
+        """applies (globals applied since creation) and base_versions (per fragment)."""
+    def plan(self) -> dict:
+        """fingerprint, fragments, fragment_numel, embedding, numel (as LearnerCore.plan)."""
 
 class SyncerOptions:
     """Settings of a SyncerCore; ddiloco.Syncer's keywords (seconds as *_s)."""

@@ -4,11 +4,14 @@ The ranks hold replicated parameters (data parallel inside the learner, e.g.
 DDP, whose all-reduced gradients keep them equal). One rank, the leader, holds
 the learner (ddiloco.Learner: the OuterLoop and the connection to the syncer);
 the others hold a ddiloco._core.FollowerCore (the same plan, no connection).
-Every rank calls step() after every inner step; at each step the leader steps
-its learner and broadcasts over the group which globals that step applied,
-then their values, and every other rank applies them with the leader's
-arithmetic (the C++ FragmentApplier) in the same step: the ranks stay
-bit-identical. No maths here: only the collectives and the bookkeeping.
+Every rank calls step() after every inner step. At a step that may send or
+apply (a fragment due, or a send awaiting its global from send + tau on: every
+rank knows these from the schedule and the previous headers) the leader steps
+its learner and broadcasts over the group what that step sent and which
+globals it applied, then their values, and every other rank applies them with
+the leader's arithmetic (the C++ FragmentApplier) in the same step: the ranks
+stay bit-identical. At the other steps the leader steps alone and the others
+only count. No maths here: only the collectives and the bookkeeping.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ _TOKEN_COUNTS = ("sum", "leader")
 # The header the leader broadcasts at each step: [count applied (-1: the leader failed), sent (-1: none),
 # waited, fragment ids (P slots), versions (P slots)].
 _FAILED = -1
+_NEVER = float("inf")
 
 
 def _error(cls, text: str) -> Exception:
@@ -66,15 +70,16 @@ class GroupLearner:
     steps apply, at the same step, and stay bit-identical to it.
 
     ``token_count``: ``"sum"`` (default): ``step(tokens)`` takes this rank's
-    tokens and the learner accounts the group's sum (one all-reduce of one
-    integer per step); ``"leader"``: the leader's argument is the group's total
-    and the others' are ignored (no extra collective).
+    tokens and the learner accounts the group's sum (the others' are added at
+    the next step that communicates; every send is one); ``"leader"``: the
+    leader's argument is the group's total and the others' are ignored.
 
     The other keywords are ``ddiloco.Learner``'s; every rank must pass the same
-    ``fragments``, ``alpha`` and ``embedding`` (checked at creation). Set the
-    group's timeout (``init_process_group(timeout=...)``) above ``join_timeout``
-    and, in lock-step mode, above ``lock_step_timeout``: the other ranks wait in
-    a collective while the leader joins or waits. A collective that fails (a
+    ``fragments``, ``alpha``, ``sync_every``, ``overlap`` and ``embedding``
+    (checked at creation). Set the group's timeout
+    (``init_process_group(timeout=...)``) above ``join_timeout`` and, in
+    lock-step mode, above ``lock_step_timeout``: the other ranks wait in a
+    collective while the leader joins or waits. A collective that fails (a
     rank died) raises ``ddiloco.TransportError`` on the ranks that see it, and
     the leader leaves the run: the group's learner is down; restart every rank,
     and it rejoins as a whole. See docs/python.md, "Learners that are groups".
@@ -94,7 +99,10 @@ class GroupLearner:
         self.group = group
         self.group_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        if not (isinstance(leader, int) and 0 <= leader < self.group_size):
+        if self.rank < 0:
+            raise _error(_core.InvalidArgument, f"this process (global rank {dist.get_rank()}) is not in the group "
+                         "it was given; create the GroupLearner only on the ranks of its group, with that group")
+        if isinstance(leader, bool) or not (isinstance(leader, int) and 0 <= leader < self.group_size):
             raise _error(_core.InvalidArgument, f"leader = {leader!r} is not a rank of the group (0 to "
                          f"{self.group_size - 1}); pass the group rank of the process that talks to the syncer")
         self.leader = leader
@@ -105,16 +113,24 @@ class GroupLearner:
         backend = dist.get_backend(group)
         self._device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self._down: Optional[str] = None
-        self._step = 0
-        self._tokens = 0
+        self._step = 0           # the leader's inner step count (its schedule's clock), on every rank
+        self._synced_step = 0    # the last step at which the ranks communicated
+        self._synced_steps = 0   # how many steps communicated
+        self._own_tokens = 0     # the tokens this rank passed to step()
+        self._unsent_tokens = 0  # token_count="sum", not the leader: tokens not yet counted by the leader
+        self._sent_at = {}       # fragment -> step of its send awaiting the result (the leader's OuterLoop's)
+        self._eligible_from = _NEVER  # the first step at which one of those may be applied
 
         names, tensors, modules = named_parameters(model, _WHO)
         self.names = names
         self.parameters = tensors
         signature = inspect.signature(Learner.__init__).parameters
         alpha = learner_keywords.get("alpha", signature["alpha"].default)
+        sync_every = learner_keywords.get("sync_every", signature["sync_every"].default)
+        overlap = learner_keywords.get("overlap", signature["overlap"].default)
         failure: Optional[BaseException] = None
         self._learner: Optional[Learner] = None
+        self._closed_status: Optional[dict] = None
         self._follower = None
         try:
             if self.is_leader:
@@ -125,17 +141,21 @@ class GroupLearner:
                 o = _core.LearnerOptions()
                 fill(_WHO, o, {
                     "fragments": ("fragments", default_fragments(learner_keywords.get("fragments"), len(names))),
-                    "alpha": ("alpha", alpha),
+                    "alpha": ("alpha", alpha), "sync_every": ("sync_every", sync_every),
+                    "overlap": ("overlap", overlap),
                     "staging": ("staging", learner_keywords.get("staging", signature["staging"].default))})
                 self._follower = _core.FollowerCore(o, names, tensors, flags, torch.float32, _copy_out, _copy_in)
                 plan = self._follower.plan()
         except BaseException as e:  # the others must not wait for this rank: say it in the check below
             failure, plan = e, None
 
-        # Every rank checks that every other one built the same plan with the same alpha and token count.
+        # Every rank checks that every other one built the same plan with the same alpha, schedule and
+        # token count.
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (alpha, sync_every, overlap))
         mine = torch.tensor([0 if failure else 1, _signed64(plan["fingerprint"]) if plan else 0,
-                             _float_bits(float(alpha)) if isinstance(alpha, (int, float)) else 0,
-                             _TOKEN_COUNTS.index(token_count), leader, plan["numel"] if plan else 0],
+                             _float_bits(float(alpha)) if numbers else 0, _TOKEN_COUNTS.index(token_count), leader,
+                             plan["numel"] if plan else 0, int(sync_every) if numbers else 0,
+                             int(overlap) if numbers else 0],
                             dtype=torch.int64, device=self._device)
         everyone = [torch.empty_like(mine) for _ in range(self.group_size)]
         self._collective(lambda: dist.all_gather(everyone, mine, group=group), "the creation check")
@@ -157,8 +177,9 @@ class GroupLearner:
                          f"{rows[leader][1] & ((1 << 64) - 1):016x}, {rows[r][5]} vs {rows[leader][5]} parameters, "
                          f"alpha bits {rows[r][2]} vs {rows[leader][2]}, token_count "
                          f"{_TOKEN_COUNTS[rows[r][3]]!r} vs {_TOKEN_COUNTS[rows[leader][3]]!r}, leader {rows[r][4]} "
-                         f"vs {rows[leader][4]}; create it on every rank from the same model with the same "
-                         "fragments=, alpha=, embedding=, token_count= and leader=")
+                         f"vs {rows[leader][4]}, sync_every {rows[r][6]} vs {rows[leader][6]}, overlap {rows[r][7]} "
+                         f"vs {rows[leader][7]}; create it on every rank from the same model with the same "
+                         "fragments=, alpha=, embedding=, sync_every=, overlap=, token_count= and leader=")
         self.plan = plan
         numels = plan["fragment_numel"]
         count = len(numels)
@@ -174,6 +195,8 @@ class GroupLearner:
         self._host = self._values if self._device.type == "cpu" else torch.empty(max(numels), dtype=torch.float32)
         self._host_np = self._host.numpy()
         self._nothing = StepReport()
+        self._overlap = int(overlap)
+        self._due_at = self._learner._core.due_at if self.is_leader else self._follower.due_at
         self._joined = False
 
     # ---- collectives -------------------------------------------------------------------
@@ -193,8 +216,10 @@ class GroupLearner:
         self._collective(lambda: dist.broadcast(tensor, src=self._src, group=self.group), what)
 
     def _close_learner(self) -> None:
-        if self._learner is not None:
+        if self._learner is not None and self._closed_status is None:
             try:
+                self._closed_status = self._learner.status()  # status() keeps answering after the close
+                self._closed_status["joined"] = False
                 self._learner.close()
             except Exception:  # best effort: the group is going down anyway
                 pass
@@ -211,13 +236,15 @@ class GroupLearner:
         seconds, releasing the GIL), then broadcasts it to every rank, which writes it into its parameters."""
         self._check_up("join")
         count = len(self.plan["fragment_numel"])
-        header = torch.zeros(1 + count, dtype=torch.int64, device=self._device)
+        header = torch.zeros(2 + count, dtype=torch.int64, device=self._device)
         failure: Optional[BaseException] = None
         if self.is_leader:
             try:
                 self._learner.join()
+                st = self._learner.status()
                 header[0] = 1
-                header[1:] = torch.tensor(self._learner.status()["base_versions"], dtype=torch.int64)
+                header[1] = st["step"]
+                header[2:] = torch.tensor(st["base_versions"], dtype=torch.int64)
             except BaseException as e:
                 failure = e
         self._broadcast(header, "join")
@@ -241,14 +268,20 @@ class GroupLearner:
                     n = p.numel()
                     p.copy_(flat[offset:offset + n].view(p.shape))
                     offset += n
-                self._follower.set_versions(h[1:])
+                self._follower.set_versions(h[2:])
+        self._step = self._synced_step = h[1]  # the leader's step count (its schedule's clock)
+        self._sent_at = {}
+        self._eligible_from = _NEVER
+        self._unsent_tokens = 0
         self._joined = True
         return self
 
     def step(self, tokens: int) -> StepReport:
         """Collective: call on every rank once after every inner ``optimizer.step()``. The leader steps its
         learner (sends the due fragment, applies arrived globals); every rank applies the same globals at this
-        step. Returns the same StepReport on every rank."""
+        step. Returns the same StepReport on every rank. The ranks communicate only at the steps that may
+        send or apply (the due steps, and from send + tau until the global is applied); the others cost no
+        collective."""
         if self._down is not None or not self._joined:
             self._check_up("step")
             raise _error(_core.StateError, "step() called before join(); call join() on every rank first")
@@ -256,11 +289,29 @@ class GroupLearner:
             raise _error(_core.InvalidArgument, f"tokens = {tokens!r} must be an int >= 0 (the tokens of this inner "
                          "step)")
         self._step += 1
+        t = self._step
+        self._own_tokens += tokens
+        if t < self._eligible_from and self._due_at(t) is None:
+            # Nothing can be sent or applied at this step (the schedule and the sends every rank knows of):
+            # the leader steps alone; the others keep their tokens for the next step that communicates.
+            if not self.is_leader:
+                self._unsent_tokens += tokens
+                return self._nothing
+            report = self._learner.step(tokens)
+            if report is not self._leader_nothing:
+                if report.sent is not None or report.applied or report.waited:
+                    self._down = f"the leader's step {t} did what the group did not expect ({report})"
+                    self._close_learner()
+                    raise _error(_core.StateError, f"rank {self.rank}: {self._down}; this is a bug in ddiloco: "
+                                 "please report it with the learner's keywords")
+                self._leader_nothing = report  # LearnerCore returns one shared object for such steps
+            return report
         if self._token_count == "sum":
-            t = self._tokens_buffer
-            t.fill_(tokens)
-            self._collective(lambda: dist.all_reduce(t, group=self.group), "step")
-            tokens = int(t.item())
+            b = self._tokens_buffer
+            b.fill_(tokens if self.is_leader else self._unsent_tokens + tokens)
+            self._collective(lambda: dist.all_reduce(b, group=self.group), "step")
+            tokens = int(b.item())
+            self._unsent_tokens = 0
         h = self._header_np  # host view of the header
         count = self._count
         failure: Optional[BaseException] = None
@@ -268,16 +319,11 @@ class GroupLearner:
         if self.is_leader:
             try:
                 report = self._learner.step(tokens)
-                if report is self._leader_nothing:
-                    h[0], h[1], h[2] = 0, -1, 0
-                else:
-                    applied = report.applied
-                    n = len(applied)
-                    if n == 0 and report.sent is None and not report.waited:
-                        self._leader_nothing = report  # LearnerCore returns one shared object for such steps
-                    h[0], h[1], h[2] = n, -1 if report.sent is None else report.sent, int(report.waited)
-                    h[3:3 + n] = applied
-                    h[3 + count:3 + count + n] = report.versions
+                applied = report.applied
+                n = len(applied)
+                h[0], h[1], h[2] = n, -1 if report.sent is None else report.sent, int(report.waited)
+                h[3:3 + n] = applied
+                h[3 + count:3 + count + n] = report.versions
             except BaseException as e:
                 failure = e
                 h[0] = _FAILED
@@ -285,22 +331,28 @@ class GroupLearner:
                 self._header.copy_(self._header_host)
         self._broadcast(self._header, "step")
         if failure is not None:
-            self._down = f"the leader's step {self._step} failed: {failure}"
+            self._down = f"the leader's step {t} failed: {failure}"
             self._close_learner()
             raise failure
         if not self.is_leader and self._header is not self._header_host:
             self._header_host.copy_(self._header)
         n = int(h[0])
         if n == _FAILED:
-            self._down = f"the leader (rank {self.leader}) failed at step {self._step}"
+            self._down = f"the leader (rank {self.leader}) failed at step {t}"
             raise _error(_core.StateError, f"rank {self.rank}: the group's leader (rank {self.leader}) failed at step "
-                         f"{self._step} and took the group's learner down (its error says why); restart every rank "
-                         "of the group: it rejoins as a whole")
-        self._tokens += tokens
-        if n == 0 and h[1] < 0 and h[2] == 0:
-            return report if self.is_leader else self._nothing
+                         f"{t} and took the group's learner down (its error says why); restart every rank of the "
+                         "group: it rejoins as a whole")
+        self._synced_step = t
+        self._synced_steps += 1
+        sent = int(h[1])
         ids = [int(x) for x in h[3:3 + n]]
         versions = [int(x) for x in h[3 + count:3 + count + n]]
+        # The sends awaiting their result, as the leader's OuterLoop keeps them: a send at t, applies remove.
+        if sent >= 0:
+            self._sent_at[sent] = t
+        for fragment in ids:
+            self._sent_at.pop(fragment, None)
+        self._eligible_from = min(self._sent_at.values()) + self._overlap if self._sent_at else _NEVER
         numels = self.plan["fragment_numel"]
         for fragment, version in zip(ids, versions):
             size = numels[fragment]
@@ -316,7 +368,9 @@ class GroupLearner:
                 self._follower.apply(fragment, version, self._host_np[:size])
         if self.is_leader:
             return report
-        return StepReport(sent=None if h[1] < 0 else int(h[1]), applied=ids, versions=versions, waited=bool(h[2]))
+        if n == 0 and sent < 0 and h[2] == 0:
+            return self._nothing
+        return StepReport(sent=None if sent < 0 else sent, applied=ids, versions=versions, waited=bool(h[2]))
 
     def leave(self) -> None:
         """The leader tells the syncer the group's learner is going away (best effort); a no-op elsewhere."""
@@ -338,17 +392,21 @@ class GroupLearner:
         return self._learner.staged if self.is_leader else self._follower.staged
 
     def status(self) -> dict:
-        """This rank's counters. The leader: ddiloco.Learner.status() (whose tokens are the group's). Every
-        rank: role ('leader' or 'follower'), rank, leader, group_size, group_step, group_tokens, and down (None,
-        or why the group's learner went down); the others also applies and base_versions (as the leader's)."""
+        """This rank's counters. The leader: ddiloco.Learner.status() (whose tokens are the group's, the other
+        ranks' counted up to synced_step). Every rank: role ('leader' or 'follower'), rank, leader, group_size,
+        group_step (inner steps), synced_step (the last step at which the ranks communicated), synced_steps
+        (how many did), own_tokens (the
+        tokens this rank passed to step()) and down (None, or why the group's learner went down); the others
+        also step, applies and base_versions (as the leader's)."""
         if self.is_leader:
-            d = self._learner.status()
+            d = dict(self._closed_status) if self._closed_status is not None else self._learner.status()
         else:
             d = self._follower.status()
             d["step"] = self._step
-            d["tokens"] = self._tokens
         d.update(role="leader" if self.is_leader else "follower", rank=self.rank, leader=self.leader,
-                 group_size=self.group_size, group_step=self._step, group_tokens=self._tokens, down=self._down)
+                 group_size=self.group_size, group_step=self._step, synced_step=self._synced_step,
+                 synced_steps=self._synced_steps,
+                 own_tokens=self._own_tokens, down=self._down)
         return d
 
     def __enter__(self) -> "GroupLearner":

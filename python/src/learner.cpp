@@ -588,7 +588,12 @@ class FollowerCore {
       applier_ = std::make_unique<Applier<std::span<float>>>(*plan_, o.alpha, std::move(v));
     }
     versions_.assign(plan_->num_fragments(), 0);
+    schedule_.emplace(plan_->num_fragments(), o.sync_every, o.overlap);
   }
+
+  /// The fragment due to be sent at inner step `step` (1-based), or None: the
+  /// leader's schedule (the group communicates at the steps that may send or apply).
+  [[nodiscard]] std::optional<std::size_t> due_at(std::uint64_t step) const { return schedule_->due_at(step); }
 
   /// Writes `values` (the global of `fragment` the leader's step applied, its
   /// fragment's numel float32 values in fragment order) into this rank's
@@ -640,6 +645,7 @@ class FollowerCore {
   std::unique_ptr<Plan> plan_;
   bool staged_ = false;
   std::unique_ptr<ApplierBase> applier_;
+  std::optional<Schedule> schedule_;
   std::vector<std::uint64_t> versions_;
   std::uint64_t applies_ = 0;
 };
@@ -713,6 +719,7 @@ void bind_learner(py::module_& m) {
       .def("apply", &FollowerCore::apply, py::arg("fragment"), py::arg("version"), py::arg("values"))
       .def("check_all", &FollowerCore::check_all)
       .def("set_versions", &FollowerCore::set_versions, py::arg("versions"))
+      .def("due_at", &FollowerCore::due_at, py::arg("step"))
       .def_property_readonly("staged", &FollowerCore::staged)
       .def("status", &FollowerCore::status)
       .def("plan", &FollowerCore::plan);

@@ -10,11 +10,13 @@ BATCH = 32       # rows (tokens) per inner step and rank
 ROWS = 256       # rows of one shard
 
 
-def task(seed):
+def task(seed, noise=0.01):
+    """A shard: rows x and targets y = x w + noise. A larger noise keeps every learner's per-step progress of
+    the same size once the model has converged (the syncer's norm-outlier check compares them)."""
     g = torch.Generator().manual_seed(seed)
     w_true = torch.tensor([[1.5, -2.0, 0.5, 1.0]])
     x = torch.randn(ROWS, 4, generator=g)
-    y = x @ w_true.t() + 0.01 * torch.randn(ROWS, 1, generator=g)
+    y = x @ w_true.t() + noise * torch.randn(ROWS, 1, generator=g)
     return x, y
 
 
@@ -32,9 +34,16 @@ def mse(model, x, y):
         return torch.nn.functional.mse_loss(model(x), y).item()
 
 
-def inner_step(model, opt, x, y, i, all_reduce=False):
-    """One SGD step on batch i of the shard; all_reduce: average the gradients over the default group (DDP)."""
-    b = slice((i * BATCH) % ROWS, (i * BATCH) % ROWS + BATCH)
+def batches(seed):
+    """The generator of a learner's (or rank's) random batches: fresh rows every step, never a fixed cycle
+    (a cycle of H batches would make each round the same epoch and the outer gradient converge to zero)."""
+    return torch.Generator().manual_seed(10_000 + seed)
+
+
+def inner_step(model, opt, x, y, g, all_reduce=False):
+    """One SGD step on a random batch of the shard (generator g); all_reduce: average the gradients over the
+    default group (as DDP does: the ranks' steps stay equal)."""
+    b = torch.randint(0, ROWS, (BATCH,), generator=g)
     opt.zero_grad()
     torch.nn.functional.mse_loss(model(x[b]), y[b]).backward()
     if all_reduce:

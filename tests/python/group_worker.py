@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import ddiloco
-from group_task import BATCH, inner_step, model_of, task
+from group_task import BATCH, batches, inner_step, model_of, task
 
 
 def write_json(path, value):
@@ -41,13 +41,15 @@ def main():
     a.add_argument("--max-seconds", type=float, default=90.0, help="give up after this long (no orphans)")
     a.add_argument("--alpha", type=float, default=0.0)
     a.add_argument("--lr", type=float, default=0.02)
+    a.add_argument("--noise", type=float, default=0.01, help="the task's noise (group_task.task)")
     a.add_argument("--timeout", type=float, default=20.0, help="the group's collective timeout, seconds")
     args = a.parse_args()
     start = time.monotonic()
     dist.init_process_group("gloo", init_method="file://" + args.init, rank=args.rank, world_size=args.world,
                             timeout=timedelta(seconds=args.timeout))
     model = model_of()
-    x, y = task(1000 * args.id + args.rank)
+    x, y = task(1000 * args.id + args.rank, args.noise)
+    g = batches(1000 * args.id + args.rank)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     result = {"rank": args.rank}
     code = 0
@@ -62,7 +64,7 @@ def main():
             while args.steps == 0 or i < args.steps:
                 if time.monotonic() - start > args.max_seconds:
                     raise TimeoutError(f"rank {args.rank}: still running after {args.max_seconds} s")
-                inner_step(model, opt, x, y, i, all_reduce=True)
+                inner_step(model, opt, x, y, g, all_reduce=True)
                 learner.step(BATCH)
                 i += 1
                 if learner.is_leader and i % 10 == 0:

@@ -1,0 +1,358 @@
+"""Learners that are groups: a 2-rank gloo group learner (two processes, group_worker.py) next to single-process
+learners (threads) against an in-process syncer; and a rank of the group killed with SIGKILL."""
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import ddiloco
+from group_task import BATCH, batches, inner_step, model_of, mse, task
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = 300        # inner steps per learner (and per rank of the group)
+LR = 0.02
+GROUP_ID = 2
+WAIT_S = 60        # the bound of every wait for an event below
+# The workers import the ddiloco this test imported, wherever PYTHONPATH pointed (relative paths included).
+WORKER_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    [os.path.dirname(os.path.dirname(os.path.abspath(ddiloco.__file__)))] +
+    [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+SYNCER = dict(fragments=2, overlap=1, outer_lr=0.7, outer_momentum=0.5)
+# The kill test runs its single learner long after the model has converged: random batches on a noisy task
+# keep every learner's per-step progress of one size, which the syncer's norm-outlier check compares.
+KILL_NOISE = 0.3
+LEARNER = dict(plaintext=True, fragments=2, sync_every=8, overlap=1, join_timeout=30)
+
+
+def start_group(endpoint, directory, tag, steps, alpha=0.0, max_seconds=90, noise=0.01):
+    """The two ranks of group learner GROUP_ID as processes; results under directory/tag.*
+    alpha: one value for both ranks, or a pair (one per rank)."""
+    init = os.path.join(directory, tag + ".init")
+    out = os.path.join(directory, tag)
+    procs = []
+    alphas = alpha if isinstance(alpha, (list, tuple)) else (alpha, alpha)
+    for rank in range(2):
+        log = open(os.path.join(directory, f"{tag}.{rank}.log"), "w")
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "group_worker.py"), "--endpoint", endpoint, "--id", str(GROUP_ID),
+             "--rank", str(rank), "--world", "2", "--init", init, "--out", out, "--steps", str(steps),
+             "--alpha", str(alphas[rank]), "--lr", str(LR), "--max-seconds", str(max_seconds), "--noise", str(noise)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=HERE, env=WORKER_ENV))
+        log.close()
+    return procs, out
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def log_of(directory, tag, rank):
+    with open(os.path.join(directory, f"{tag}.{rank}.log")) as f:
+        return f.read()[-3000:]
+
+
+def wait_for(what, condition, timeout=WAIT_S):
+    """Polls condition() (an event: a status value) until true, at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.02)
+
+
+def kill_all(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+def single_learner(learner_id, endpoint, steps, results, errors, stop=None, progress=None, noise=0.01):
+    """A single-process learner in a thread: `steps` inner steps, or until `stop` is set."""
+    try:
+        model = model_of()
+        x, y = task(100 + learner_id, noise)
+        g = batches(100 + learner_id)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        with ddiloco.Learner(model, endpoint=endpoint, id=learner_id, **LEARNER) as learner:
+            i = 0
+            while (stop is None and i < steps) or (stop is not None and not stop.is_set() and i < steps):
+                inner_step(model, opt, x, y, g)
+                learner.step(tokens=BATCH)
+                i += 1
+                if progress is not None:
+                    progress[learner_id] = (i, learner.status()["sends"])
+                    time.sleep(0.002)  # pacing only: leaves the 2 cores to the group's processes
+            results[learner_id] = learner.status()
+    except BaseException as e:  # reported by the main thread
+        errors.append(e)
+
+
+def lone_sgd_loss(steps, x_eval, y_eval):
+    """The loss a learner alone (plain SGD, no ddiloco) reaches on the evaluation data after `steps` steps."""
+    model = model_of()
+    x, y = task(100)
+    g = batches(100)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for _ in range(steps):
+        inner_step(model, opt, x, y, g)
+    return mse(model, x_eval, y_eval)
+
+
+def global_model(s):
+    g = s.global_parameters()
+    model = model_of()
+    with torch.no_grad():
+        model.weight.copy_(torch.from_numpy(g[:4]).view(1, 4))
+        model.bias.copy_(torch.from_numpy(g[4:5]))
+    return model
+
+
+def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_end_bit_identical(syncer_of,
+                                                                                                 tmp_path):
+    start = time.monotonic()
+    x_eval, y_eval = task(7)
+    initial = mse(model_of(), x_eval, y_eval)
+    # The bound: what a learner alone reaches with a quarter of the steps. Four streams of STEPS inner steps
+    # (two learners, the group's two ranks) merged by the syncer must do at least that well.
+    bound = lone_sgd_loss(STEPS // 4, x_eval, y_eval)
+    s = syncer_of(model_of(), heartbeat_timeout=60, **SYNCER)
+    procs, out = start_group(s.endpoint, str(tmp_path), "train", STEPS, alpha=0.25)
+    try:
+        results, errors = {}, []
+        threads = [threading.Thread(target=single_learner, args=(i, s.endpoint, STEPS, results, errors))
+                   for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        assert not any(t.is_alive() for t in threads), "the single learners did not finish in time"
+        assert not errors, errors
+        for rank, p in enumerate(procs):
+            assert p.wait(WAIT_S) == 0, log_of(str(tmp_path), "train", rank)
+    finally:
+        kill_all(procs)
+    ranks = [read_json(f"{out}.{r}.json") for r in range(2)]
+    leader, follower = ranks[0]["status"], ranks[1]["status"]
+    # Bit-identical: every parameter's bytes, after STEPS steps with alpha = 0.25 mixing.
+    assert ranks[0]["params"] == ranks[1]["params"]
+    assert leader["role"] == "leader" and follower["role"] == "follower"
+    # The follower applied every global the leader applied after its join (the join wrote the state whole).
+    assert follower["applies"] == leader["applies"] - 2 and follower["applies"] >= 20, (leader, follower)
+    assert follower["base_versions"] == leader["base_versions"]
+    # The leader's counters account for the group's tokens (token_count="sum"): its own BATCH per step, and
+    # the follower's up to the last step at which the ranks communicated (every send is such a step).
+    assert leader["step"] == STEPS == follower["group_step"] and follower["own_tokens"] == BATCH * STEPS
+    assert leader["synced_step"] == follower["synced_step"] and leader["synced_steps"] == follower["synced_steps"]
+    assert leader["tokens"] == BATCH * STEPS + BATCH * follower["synced_step"], (leader, follower)
+    assert STEPS - 8 < follower["synced_step"] <= STEPS
+    st = s.status()
+    others = st["rejected_total"] - st["rejected"]["stale"]  # stale: see test_training.py
+    assert st["joins"] >= 3 and others == 0 and st["merges"] >= 20, st["line"]
+    assert all(r["applies"] >= 10 for r in results.values()), results
+    final = mse(global_model(s), x_eval, y_eval)
+    assert final < bound < initial, (initial, bound, final, st["line"])
+    print(f"group training test: {time.monotonic() - start:.1f} s; loss {initial:.3g} -> {final:.3g} "
+          f"(bound {bound:.3g}); {follower['applies']} applies followed; the ranks communicated at "
+          f"{follower['synced_steps']} of {STEPS} steps")
+
+
+def test_a_killed_rank_takes_the_group_learner_down_the_rest_runs_on_and_the_restarted_group_rejoins(
+        syncer_of, tmp_path):
+    """SIGKILL of the follower rank of a running group, then of the leader rank of its restarted
+    incarnation; each time the other rank fails with a clear error (no hang), the syncer sees the
+    group's learner go (a leave, then a death) and keeps merging the single learner's work, and the
+    group restarted as a whole rejoins with contributions the syncer accepts."""
+    start = time.monotonic()
+    d = str(tmp_path)
+    s = syncer_of(model_of(), heartbeat_timeout=3, **SYNCER)
+    stop, results, errors, progress = threading.Event(), {}, [], {}
+    single = threading.Thread(target=single_learner,
+                              args=(0, s.endpoint, 10**9, results, errors, stop, progress, KILL_NOISE))
+    single.start()
+    procs = []
+
+    def single_steps():
+        return progress.get(0, (0, 0))[0]
+
+    def single_sends():
+        return progress.get(0, (0, 0))[1]
+
+    def run_until_accepted(tag):
+        """Starts the group (until killed); returns once the syncer has accepted >= 10 of its contributions."""
+        nonlocal procs
+        before, sends_before = s.status(), single_sends()
+        procs, out = start_group(s.endpoint, d, tag, steps=0, max_seconds=60, noise=KILL_NOISE)
+
+        def accepted_from_group():
+            # All contributions accepted since the start, less all the single learner sent: the group's, at least.
+            n = (s.status()["contributions_accepted"] - before["contributions_accepted"]) - (single_sends() -
+                                                                                             sends_before)
+            return n if n >= 10 else None
+
+        n = wait_for(f"the syncer to accept contributions of group {tag}", accepted_from_group)
+        assert s.status()["joins"] == before["joins"] + 1  # one join: the leader's, for the whole group
+        return out, n
+
+    def kill(rank, out, tag):
+        """SIGKILL of `rank`; the other rank must fail at once, and the syncer see the learner go."""
+        before, steps_before = s.status(), single_steps()
+        assert before["learners_alive"] == 2, before["line"]
+        survivor = 1 - rank
+        os.kill(procs[rank].pid, signal.SIGKILL)
+        assert procs[rank].wait(WAIT_S) == -signal.SIGKILL
+        assert procs[survivor].wait(WAIT_S) == 3, log_of(d, tag, survivor)
+        error = read_json(f"{out}.{survivor}.json")["error"]
+        assert "collective" in error or "Connection" in error, error
+        if survivor == 0:  # the leader saw it in its own step: it says the group's learner is down
+            assert "the group's learner is down" in error or "Connection" in error, error
+
+        def gone():
+            st = s.status()
+            return st if st["learners_alive"] == 1 and st["leaves"] + st["deaths"] > before["leaves"] + before[
+                "deaths"] else None
+
+        after = wait_for("the syncer to see the group's learner go", gone)
+        # The syncer and the single learner never stopped.
+        wait_for("merges without the group", lambda: s.status()["merges"] >= after["merges"] + 5)
+        assert single_steps() > steps_before and single.is_alive() and not errors, errors
+        return after
+
+    try:
+        wait_for("the single learner to step", lambda: single_steps() > 0)
+        out, first = run_until_accepted("first")
+        after = kill(1, out, "first")           # the follower: the leader leaves the run
+        assert after["leaves"] >= 1, after["line"]
+        out, second = run_until_accepted("second")  # restarted as a whole: rejoins
+        after = kill(0, out, "second")          # the leader: the syncer declares it dead
+        assert after["deaths"] >= 1, after["line"]
+        out, third = run_until_accepted("third")
+        end = s.status()
+        assert end["rejected_total"] - end["rejected"]["stale"] == 0, end["line"]  # stale: see test_training.py
+        assert end["joins"] == 1 + 3 and single.is_alive() and not errors, (end["line"], errors)
+    finally:
+        stop.set()
+        single.join(WAIT_S)
+        kill_all(procs)
+    assert not single.is_alive() and not errors, errors
+    print(f"group kill test: {time.monotonic() - start:.1f} s; contributions of the three incarnations accepted: "
+          f">= {first}, {second}, {third}; syncer: {end['line']}")
+
+
+# ---- the cores' contracts, without torch.distributed --------------------------------------------------------
+
+def follower_of(model, **kw):
+    from ddiloco.learner import _copy_in, _copy_out
+    o = ddiloco._core.LearnerOptions()
+    o.fragments = kw.get("fragments", 2)
+    o.alpha = kw.get("alpha", 0.0)
+    o.staging = kw.get("staging", "auto")
+    o.sync_every, o.overlap = 8, 1
+    names = [n for n, _ in model.named_parameters()]
+    tensors = [p for _, p in model.named_parameters()]
+    return ddiloco._core.FollowerCore(o, names, tensors, [False] * len(names), torch.float32, _copy_out, _copy_in)
+
+
+def test_a_follower_applies_a_global_with_the_learner_arithmetic_and_refuses_bad_input_naming_it():
+    model = model_of()  # weight (4), bias (1): two fragments
+    f = follower_of(model, alpha=0.5)
+    plan = f.plan()
+    assert plan["fragment_numel"] == [4, 1] and plan["fragments"] == [["weight"], ["bias"]]
+    before = model.weight.detach().clone()
+    g = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
+    f.apply(0, 7, g)
+    expected = 0.5 * before.reshape(-1).numpy() + 0.5 * g
+    assert np.array_equal(model.weight.detach().reshape(-1).numpy(), expected.astype(np.float32))
+    assert f.status() == {"applies": 1, "base_versions": [7, 0]}
+    with pytest.raises(ddiloco.InvalidArgument, match=r"fragment 2 does not exist: the plan has 2 fragments"):
+        f.apply(2, 1, g)
+    with pytest.raises(ddiloco.ShapeMismatch, match=r"fragment 1 has 4 elements but the fragment has 1"):
+        f.apply(1, 1, g)
+    with pytest.raises(ddiloco.InvalidArgument, match=r"format 'd'.*pass a float32 array"):
+        f.apply(0, 1, g.astype(np.float64))
+    with pytest.raises(ddiloco.InvalidArgument, match=r"not contiguous"):
+        f.apply(0, 1, np.arange(8, dtype=np.float32)[::2])
+    with pytest.raises(ddiloco.ShapeMismatch, match=r"3 versions for 2 fragments"):
+        f.set_versions([1, 2, 3])
+    with pytest.raises(ddiloco.InvalidArgument, match=r"alpha = 1.*\[0, 1\)"):
+        follower_of(model, alpha=1.0)
+
+
+def test_a_group_learner_needs_torch_distributed_and_copy_applied_names_what_the_last_step_applied(syncer_of):
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        with pytest.raises(ddiloco.StateError, match=r"torch.distributed is not initialised.*init_process_group"):
+            ddiloco.GroupLearner(model_of(), endpoint="tcp://127.0.0.1:1", id=0, plaintext=True)
+    model = model_of()
+    s = syncer_of(model_of(), **SYNCER)
+    # Lock-step: the global of a fragment sent at step t is applied at t + tau, whatever the machine's load.
+    with ddiloco.Learner(model, endpoint=s.endpoint, id=0, lock_step=True, **LEARNER) as learner:
+        r = learner.step(1)
+        assert r.applied == [] and r.versions == []
+        with pytest.raises(ddiloco.StateError, match=r"fragment 0 was not applied at the last step \(applied: \[\]\)"):
+            learner._core.copy_applied(0, np.zeros(4, dtype=np.float32))
+        for _ in range(2 * 8):  # within H steps a fragment is sent, and applied tau = 1 step later
+            r = learner.step(1)
+            if r.applied:
+                break
+        assert r.applied and len(r.versions) == len(r.applied), r
+        fragment = r.applied[0]
+        n = learner.plan["fragment_numel"][fragment]
+        out = np.zeros(n, dtype=np.float32)
+        assert learner._core.copy_applied(fragment, out) == r.versions[0] == learner.status()["base_versions"][fragment]
+        # The values applied with alpha = 0 are the parameters now (plan order: weight is fragment 0, bias 1).
+        tensor = [model.weight, model.bias][fragment]
+        assert np.array_equal(out, tensor.detach().reshape(-1).numpy())
+        with pytest.raises(ddiloco.ShapeMismatch, match=rf"has {n + 1} elements but the fragment has {n}"):
+            learner._core.copy_applied(fragment, np.zeros(n + 1, dtype=np.float32))
+
+
+def test_ranks_created_with_different_alphas_both_refuse_naming_the_difference(syncer_of, tmp_path):
+    s = syncer_of(model_of(), **SYNCER)
+    procs, out = start_group(s.endpoint, str(tmp_path), "mismatch", steps=10, alpha=(0.0, 0.5))
+    try:
+        for rank, p in enumerate(procs):
+            assert p.wait(WAIT_S) == 3, log_of(str(tmp_path), "mismatch", rank)
+    finally:
+        kill_all(procs)
+    for rank in range(2):
+        error = read_json(f"{out}.{rank}.json")["error"]
+        assert error.startswith("InvalidArgument: [ddiloco.invalid_argument] ddiloco.GroupLearner: rank 1 built a "
+                                "different learner from the leader's (rank 0)"), error
+        assert f"alpha bits {struct.unpack('<i', struct.pack('<f', 0.5))[0]} vs 0" in error, error
+    assert s.status()["joins"] == 0  # refused before anyone joined
+
+
+def test_a_staged_follower_as_on_a_device_writes_the_same_bytes_as_one_in_place():
+    in_place, staged = model_of(), model_of()
+    a, b = follower_of(in_place, alpha=0.3), follower_of(staged, alpha=0.3, staging="always")
+    assert not a.staged and b.staged
+    g = torch.Generator().manual_seed(5)
+    for step in range(20):
+        for fragment, n in enumerate(a.plan()["fragment_numel"]):
+            values = torch.randn(n, generator=g).numpy()
+            a.apply(fragment, step + 1, values)
+            b.apply(fragment, step + 1, values)
+    for p, q in zip(in_place.parameters(), staged.parameters()):
+        assert p.detach().numpy().tobytes() == q.detach().numpy().tobytes()
+    assert a.status() == b.status() == {"applies": 40, "base_versions": [20, 20]}
+    # A parameter resized after creation is named, as ddiloco.Learner names it.
+    with torch.no_grad():
+        staged.bias.data = torch.zeros(2)
+    with pytest.raises(ddiloco.ShapeMismatch, match=r"ddiloco.GroupLearner: parameter 'bias' has 2 elements.*"
+                                                    r"when the GroupLearner was created"):
+        b.apply(1, 21, np.zeros(1, dtype=np.float32))
