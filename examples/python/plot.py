@@ -6,7 +6,8 @@
 
 Each results.json holds the curve of process 0 (its own parameters, evaluation time left out of
 the time axis; tokens are those of all processes at that step). A ddiloco run's final global
-(the syncer's parameters, evaluated at the end) is drawn as a marker at the run's last point.
+(the syncer's parameters, evaluated once every learner has finished) is drawn as a star at the
+slowest process's training time.
 """
 import argparse
 import json
@@ -44,12 +45,14 @@ def main(argv=None) -> int:
         xs_t = [p["time_s"] for p in r["curve"]]
         xs_k = [p["tokens"] / 1e6 for p in r["curve"]]
         ys = [p["val_loss"] for p in r["curve"]]
-        for ax, xs in zip(axes, (xs_t, xs_k)):
+        # The global is evaluated once every learner has finished: at the slowest process's training
+        # time (r["train_s"]) and at the run's total tokens.
+        for ax, xs, end in zip(axes, (xs_t, xs_k), (r["train_s"], r["tokens"] / 1e6)):
             line, = ax.plot(xs, ys, marker=".", label=label)
             if r.get("final_val_global") is not None:
-                ax.plot([xs[-1]], [r["final_val_global"]], marker="*", markersize=12, color=line.get_color(),
+                ax.plot([end], [r["final_val_global"]], marker="*", markersize=12, color=line.get_color(),
                         linestyle="none", label=f"{r['mode']}: syncer's global at the end")
-    axes[0].set_xlabel("training time of process 0, s (evaluation excluded)")
+    axes[0].set_xlabel("training time, s (evaluation excluded; curves: process 0; star: the last process)")
     axes[1].set_xlabel("tokens, millions (all processes)")
     for ax in axes:
         ax.set_ylabel("validation loss, nats / char")
