@@ -12,9 +12,19 @@
 // recv(2) into one reused buffer. Bytes/s and frames/s; real time (the work is
 // on two threads and the kernel). Target: ZeroMQ at least 80% of plain TCP.
 // The CURVE rows show the cost of encryption (not part of the target).
+// BM_LearnerStepNothingDueZmq: OuterLoop::step with nothing due over a real
+// ZmqLearnerTransport joined to a Syncer served on loopback, the setting of
+// bench/python_step.py's Python Learner.step() (which drives this same OuterLoop).
 // What it is not: a latency benchmark.
 #include <benchmark/benchmark.h>
 
+#include <ddiloco/clock.hpp>
+#include <ddiloco/fast/merge.hpp>
+#include <ddiloco/fragmenter.hpp>
+#include <ddiloco/outer_loop.hpp>
+#include <ddiloco/outer_optimizer.hpp>
+#include <ddiloco/syncer.hpp>
+#include <ddiloco/syncer_runtime.hpp>
 #include <ddiloco/transport/zmq.hpp>
 #include <ddiloco/wire.hpp>
 
@@ -31,6 +41,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -264,6 +275,63 @@ void BM_syncer_send_merged(benchmark::State& state) {
   state.SetLabel(std::string(ddiloco::to_string(config.global_codec)));
 }
 
+// ---- the learner's step ----------------------------------------------------
+
+/// OuterLoop::step when no fragment is due (and nothing arrives): P = 24
+/// fragments of one 1024-float tensor each, H = 24 x 2^16, so no send happens
+/// for 2^16 steps; the learner is joined over ZeroMQ (plaintext, loopback) to a
+/// Syncer + SyncerRuntime on their own threads, and its tensors are spans over
+/// caller-owned memory, as ddiloco.Learner's CPU parameters are. What a step
+/// costs here: the transport's non-blocking drain and the schedule check. Its
+/// Python twin is bench/python_step.py (the same setting through the binding).
+void BM_LearnerStepNothingDueZmq(benchmark::State& state) {
+  constexpr std::size_t kP = 24, kN = 1024;
+  std::vector<ddiloco::TensorSpec> specs;
+  for (std::size_t t = 0; t < kP; ++t) {
+    std::string name = std::to_string(t);
+    name.insert(name.begin(), 't');
+    specs.push_back({name, kN, false});
+  }
+  const ddiloco::Plan plan = ddiloco::make_plan(specs, kP);
+  const std::vector<float> init(kP * kN, 0.0f);
+  const ddiloco::SteadyClock clock;
+  ddiloco::Syncer<ddiloco::fast::RadialDirectional, ddiloco::NesterovSGD> syncer(plan, init, clock);
+  ddiloco::ZmqSyncerConfig sc;
+  sc.bind = "tcp://127.0.0.1:*";
+  sc.security = ddiloco::ZmqSecurity::plaintext();
+  ddiloco::ZmqSyncerTransport served(sc, clock);
+  ddiloco::SyncerRuntime<decltype(syncer), ddiloco::ZmqSyncerTransport> runtime(syncer, served);
+  runtime.start();
+  ddiloco::ZmqLearnerConfig lcz;
+  lcz.connect = served.endpoint();
+  lcz.id = 1;
+  lcz.security = ddiloco::ZmqSecurity::plaintext();
+  ddiloco::ZmqLearnerTransport link(lcz, clock);
+  ddiloco::OuterLoopConfig lc;
+  lc.id = 1;
+  lc.sync_every = kP << 16;
+  ddiloco::OuterLoop<ddiloco::ZmqLearnerTransport, std::span<float>> outer(plan, link, lc);
+  std::vector<float> storage(kP * kN, 0.0f);
+  std::vector<std::span<float>> params;
+  for (std::size_t t = 0; t < kP; ++t) params.emplace_back(storage.data() + t * kN, kN);
+  try {
+    outer.join(params);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    runtime.stop();
+    return;
+  }
+  std::size_t sent = 0;
+  for (auto _ : state) {
+    const auto report = outer.step(params, 1);
+    sent += report.sent ? 1 : 0;
+  }
+  state.counters["sent"] = static_cast<double>(sent);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+  outer.leave();
+  runtime.stop();
+}
+
 void sizes(benchmark::internal::Benchmark* b) {
   b->Arg(1 << 20)->Arg(16 << 20)->UseRealTime()->Unit(benchmark::kMillisecond);
 }
@@ -279,5 +347,8 @@ BENCHMARK(BM_syncer_send_merged)
     ->Args({24, 8, static_cast<int>(ddiloco::Codec::int8)})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// 60000 steps, 15 repetitions: the median is what bench/python_step.py compares with.
+BENCHMARK(BM_LearnerStepNothingDueZmq)->Iterations(60000)->Repetitions(15)->Unit(benchmark::kNanosecond);
 
 BENCHMARK_MAIN();

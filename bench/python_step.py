@@ -1,7 +1,13 @@
 #!/usr/bin/python3
-"""Cost of ddiloco.Learner.step() from Python (compare: bench_syncer BM_LearnerStepNothingDue, BM_LearnerSendPath).
+"""Cost of ddiloco.Learner.step() from Python against the C++ OuterLoop::step it drives.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/python_step.py
+    PYTHONPATH=build/python /usr/bin/python3 bench/python_step.py --cpp build/bench/bench_transport
+
+With --cpp, the C++ twin BM_LearnerStepNothingDueZmq (bench_transport: the same
+OuterLoop, tensors and ZeroMQ syncer on loopback, 15 repetitions) runs first and
+the ratio of the two medians is printed (target: Python within 10% of C++).
+bench_syncer's BM_LearnerStepNothingDue is the same step over the in-process
+transport (no ZeroMQ drain).
 
 nothing due: P = 24 fragments of 24 tensors of 1024 floats, H = 24 * 2^16 (no
 send for 2^16 steps), over a real Syncer on loopback ZeroMQ: the same setting as
@@ -14,7 +20,10 @@ The C++ side of the send is bench_syncer's BM_LearnerSendPath (over an
 in-process framing transport instead of ZeroMQ).
 """
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import time
 
 import torch
@@ -22,24 +31,54 @@ import torch
 import ddiloco
 
 
-def per_call(fn, calls, batches=15):
-    times = []
+def per_call(fn, calls, batches=15, cpu=None):
+    """Median and minimum wall ns per call over `batches` batches of `calls` calls; with a list
+    `cpu`, the median of this thread's CPU ns per call is appended to it (Google Benchmark's
+    CPU time is the benchmark thread's too, so the two compare on a loaded machine)."""
+    times, cpus = [], []
     for _ in range(batches):
+        c0 = time.thread_time_ns()
         t0 = time.perf_counter_ns()
         for _ in range(calls):
             fn()
         times.append((time.perf_counter_ns() - t0) / calls)
+        cpus.append((time.thread_time_ns() - c0) / calls)
+    if cpu is not None:
+        cpu.append(statistics.median(cpus))
     return statistics.median(times), min(times)
 
 
-def nothing_due():
+def nothing_due(cpu=None):
     params = [(f"t{i}", torch.zeros(1024)) for i in range(24)]
     with ddiloco.Syncer(params, plaintext=True, fragments=24) as s:
         with ddiloco.Learner(params, endpoint=s.endpoint, id=1, plaintext=True, fragments=24,
                              sync_every=24 << 16) as ln:
-            med, best = per_call(lambda: ln.step(1), 4000)
+            med, best = per_call(lambda: ln.step(1), 4000, cpu=cpu)
             assert ln.status()["sends"] == 0
     return med, best
+
+
+def cpp_nothing_due(binary):
+    """Median and minimum ns per step of BM_LearnerStepNothingDueZmq over its repetitions."""
+    if not os.access(binary, os.X_OK):
+        raise SystemExit(f"--cpp {binary} is not an executable; build it: cmake --build build --target bench_transport")
+    r = subprocess.run([binary, "--benchmark_filter=BM_LearnerStepNothingDueZmq", "--benchmark_format=json"],
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"{binary} failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+    runs = [b for b in json.loads(r.stdout)["benchmarks"] if b.get("run_type") == "iteration"]
+    if not runs:
+        raise SystemExit(f"{binary} ran no BM_LearnerStepNothingDueZmq; is it bench_transport built from this tree?")
+    real = [b["real_time"] for b in runs]  # ns (the benchmark's unit)
+    cpu = [b["cpu_time"] for b in runs]
+    return statistics.median(real), min(real), statistics.median(cpu)
+
+
+def binding_call(ln):
+    """One trivial call into the compiled module (a property read), for the share of the binding itself."""
+    core = ln._core
+    med, _ = per_call(lambda: core.joined, 4000)
+    return med
 
 
 def due(n):
@@ -59,15 +98,43 @@ def due(n):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--due-floats", type=int, default=1 << 20)
+    ap.add_argument("--cpp", metavar="BENCH_TRANSPORT", help="build/bench/bench_transport: compare with its C++ twin")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures to this JSON file")
     a = ap.parse_args()
-    med, best = nothing_due()
-    print(f"step() nothing due (24 fragments x 24 tensors): median {med / 1000:.3f} us, best batch {best / 1000:.3f} us")
+    if a.due_floats < 1:
+        ap.error(f"--due-floats = {a.due_floats} must be >= 1")
+    figures = {}
+    if a.cpp:
+        c_med, c_best, c_cpu = cpp_nothing_due(a.cpp)
+        figures.update(cpp_median_ns=c_med, cpp_best_ns=c_best, cpp_cpu_median_ns=c_cpu)
+        print(f"C++ OuterLoop::step nothing due over ZeroMQ (BM_LearnerStepNothingDueZmq): median {c_med:.0f} ns, "
+              f"best repetition {c_best:.0f} ns, CPU {c_cpu:.0f} ns")
+    cpu = []
+    med, best = nothing_due(cpu)
+    figures.update(python_median_ns=med, python_best_ns=best, python_cpu_median_ns=cpu[0])
+    print(f"step() nothing due (24 fragments x 24 tensors): median {med / 1000:.3f} us, "
+          f"best batch {best / 1000:.3f} us, CPU {cpu[0]:.0f} ns")
     loop_med, _ = per_call(lambda: None, 4000)
     print(f"  (an empty Python lambda call: {loop_med / 1000:.3f} us)")
+    params = [("w", torch.zeros(8))]
+    with ddiloco.Syncer(params, plaintext=True, fragments=1) as s:
+        with ddiloco.Learner(params, endpoint=s.endpoint, id=1, plaintext=True, fragments=1) as ln:
+            call = binding_call(ln)
+    figures.update(empty_lambda_ns=loop_med, binding_call_ns=call)
+    print(f"  (a property read through the binding, Learner._core.joined: {call / 1000:.3f} us)")
+    if a.cpp:
+        figures.update(ratio_python_over_cpp=med / c_med, ratio_cpu=cpu[0] / c_cpu)
+        print(f"Python / C++: wall median {med / c_med:.2f}, CPU median {cpu[0] / c_cpu:.2f} (target <= 1.10); "
+              f"difference {(med - c_med):.0f} ns wall, {(cpu[0] - c_cpu):.0f} ns CPU per step")
     med, best, st = due(a.due_floats)
     print(f"two steps, one sending a {a.due_floats}-float fragment, the other applying the global if it has "
           f"arrived: median {med / 1e6:.3f} ms, best batch {best / 1e6:.3f} ms "
           f"({st['sends']} sends, {st['applies'] - 1} applies)")
+    figures.update(due_pair_median_ns=med, due_floats=a.due_floats)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(figures, f, indent=1)
+        print(f"wrote {a.json}")
 
 
 if __name__ == "__main__":

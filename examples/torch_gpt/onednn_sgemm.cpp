@@ -12,6 +12,8 @@
 // What it is not: a BLAS. Only `sgemm_` is replaced; if oneDNN's symbol cannot be found, the call
 // goes on to the next `sgemm_` in the search order (the system BLAS), so results never change
 // meaning. TORCH_GPT_REFERENCE_BLAS=1 in the environment forces that fallback (for timing).
+// The same file builds libonednn_sgemm.so (examples/python/CMakeLists.txt), which
+// examples/python/train_gpt.py loads into the Python interpreter for the same reason.
 #include <dlfcn.h>
 
 #include <cstdint>
@@ -34,8 +36,21 @@ struct Backends {
   FortranSgemm next = nullptr;
   Backends() {
     const char* force = std::getenv("TORCH_GPT_REFERENCE_BLAS");
-    if (force == nullptr || force[0] != '1') dnnl = reinterpret_cast<DnnlSgemm>(dlsym(RTLD_DEFAULT, "dnnl_sgemm"));
+    const bool use_dnnl = force == nullptr || force[0] != '1';
+    if (use_dnnl) dnnl = reinterpret_cast<DnnlSgemm>(dlsym(RTLD_DEFAULT, "dnnl_sgemm"));
     next = reinterpret_cast<FortranSgemm>(dlsym(RTLD_NEXT, "sgemm_"));
+    // Loaded into Python (examples/python: ctypes, RTLD_GLOBAL, before `import torch`), libtorch and
+    // its libdnnl / libblas are in the local scope of torch's extension module, which neither
+    // RTLD_DEFAULT nor RTLD_NEXT searches: ask for the already loaded libraries by name (NOLOAD
+    // loads nothing new; the handles keep them referenced, which they are anyway).
+    if (use_dnnl && dnnl == nullptr) {
+      if (void* h = dlopen("libdnnl.so.2", RTLD_LAZY | RTLD_NOLOAD))
+        dnnl = reinterpret_cast<DnnlSgemm>(dlsym(h, "dnnl_sgemm"));
+    }
+    if (next == nullptr) {
+      if (void* h = dlopen("libblas.so.3", RTLD_LAZY | RTLD_NOLOAD))
+        next = reinterpret_cast<FortranSgemm>(dlsym(h, "sgemm_"));
+    }
   }
 };
 
