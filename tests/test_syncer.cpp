@@ -283,9 +283,13 @@ TEST_CASE("Participation scaling applies k / alive of the merged outer gradient,
   SyncerConfig c = k_of(1);
   c.participation_scaling = true;
   Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, c);
-  for (LearnerId id : {1u, 2u, 3u, 4u}) r.join(s, id);
+  for (LearnerId id : {1u, 2u, 3u, 4u, 5u}) r.join(s, id);
   const auto p = r.fragment_of_w();
-  s.handle(r.contribution(1, p, 0.4f, Rig::seq0() + 1), r.out);  // 1 of 4 alive: a quarter of 0.4
+  const std::size_t other = 1 - p;
+  // Learners 2-4 contribute (to the other fragment); 5 only joined and is not
+  // counted: an id that never contributes does not shrink the share.
+  for (LearnerId id : {2u, 3u, 4u}) s.handle(r.contribution(id, other, 0.0f, Rig::seq0() + 1), r.out);
+  s.handle(r.contribution(1, p, 0.4f, Rig::seq0() + 1), r.out);  // 1 of 4 contributing: a quarter of 0.4
   for (float x : s.fragment(p).first) CHECK(x == Approx(1.0f - 0.1f));
   SyncerConfig all = k_of(4);
   all.participation_scaling = true;

@@ -941,10 +941,16 @@ class Syncer {
     // were <= the join count (see incarnation_floor_).
     incarnation_floor_ = s.joins;
     for (const auto& l : s.learners) incarnation_floor_ = std::max(incarnation_floor_, l.incarnation);
-    // Their sequences are at most the highest one the snapshot holds.
+    // Their sequences are not in it either: each incarnation's space starts
+    // 2^32 above its id's previous one, from the epoch's start, so none is
+    // above the epoch's start + joins x 2^32 (nor above the highest sequence
+    // the snapshot holds, which covers spaces of earlier epochs).
     sequence_floor_ = 0;
     for (const auto& f : s.fragments)
       for (const auto& [id, seq] : f.last_sequence) sequence_floor_ = std::max(sequence_floor_, seq);
+    if (s.joins < (std::uint64_t{1} << (64 - kSequenceEpochShift)) &&
+        s.sequence_epoch < (std::uint64_t{1} << (64 - kSequenceEpochShift)))
+      sequence_floor_ = std::max(sequence_floor_, (s.sequence_epoch << kSequenceEpochShift) + (s.joins << kIncarnationShift));
     join_window_start_.reset();
     join_window_count_ = 0;
     counters_.leaves = s.leaves;
@@ -1101,6 +1107,15 @@ class Syncer {
   std::size_t alive_count_locked() const {
     return static_cast<std::size_t>(
         std::count_if(learners_.begin(), learners_.end(), [](const auto& kv) { return kv.second.alive; }));
+  }
+  /// Alive learners that have sent a contribution since they joined: the
+  /// learners a merge's participation share counts. An id that only joined
+  /// (or only sends heartbeats) is alive but not counted here, so a join flood
+  /// or peers that never contribute cannot shrink every merge.
+  std::size_t contributing_count_locked() const {
+    return static_cast<std::size_t>(std::count_if(learners_.begin(), learners_.end(), [](const auto& kv) {
+      return kv.second.alive && kv.second.last_contribution.has_value();
+    }));
   }
 
   Message global_message(std::size_t p, const FragmentState& f, LearnerId to, MessageType type) const {
@@ -1602,8 +1617,14 @@ class Syncer {
     const TimePoint started = clock_->now();
     float share = 1.0f;
     if (config_.participation_scaling) {
-      // f.round.alive was counted by decide_and_merge() just before this merge.
-      const std::size_t k = f.contributors.size(), live = std::max(f.round.alive, k);
+      // Shared among the learners that contribute (not every alive id: ids
+      // that only joined would shrink every merge).
+      std::size_t contributing = 0;
+      {
+        std::unique_lock lock(members_mutex_);
+        contributing = contributing_count_locked();
+      }
+      const std::size_t k = f.contributors.size(), live = std::max(std::min(f.round.alive, contributing), k);
       if (k > 0 && k < live) share = static_cast<float>(k) / static_cast<float>(live);
     }
     if constexpr (kFused) {
