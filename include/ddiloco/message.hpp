@@ -24,12 +24,19 @@
 //                                      fingerprint, fragment count and parameter count,
 //                                      `steps`/`tokens` = the syncer's H and tau (0: not
 //                                      checked), `sequence` = the refused request's nonce.
+//                                      For JoinRefusal::tokens_per_step, `version` = the
+//                                      syncer's bound on tokens per inner step instead.
 //   observer -> syncer observe         "send me the current global state; I do not train":
 //                                      answered (rate limited) with one full_state per
 //                                      fragment (`sequence` = the request's nonce, `step` =
 //                                      the number of fragments); never counted as a learner.
 //                                      `fingerprint` 0 accepts whatever plan the syncer has.
-// A join states the learner's schedule: `steps` = H, `tokens` = tau (0, 0: unstated).
+// A join states the learner's schedule: `steps` = H, `tokens` = tau (0, 0: unstated), its
+// inner step counter in `step`, and in `version` the most tokens one of its inner steps
+// processes (its batch in tokens; 0: unstated). The syncer bounds every later contribution
+// by them (docs/algorithm.md, "Validation and staleness"): `steps` by the advance of `step`
+// since the learner's previous contribution of that fragment (or its join), `tokens` by
+// `steps` x the declared tokens per step.
 #pragma once
 
 #include <chrono>
@@ -81,9 +88,12 @@ enum class JoinRefusal : std::uint8_t {
   foreign_plan = 1,  ///< another plan: tensors, sizes, order or fragment count differ (fingerprint)
   schedule = 2,      ///< another schedule: H (sync every) or tau (overlap) differ from the syncer's
   identity = 3,      ///< the learner's key is on the allow-list for another id (`version` = that id)
+  /// the join declares more tokens per inner step than the syncer's bound
+  /// (SyncerConfig::max_tokens_per_step, `version` = that bound)
+  tokens_per_step = 4,
 };
 
-constexpr bool is_valid_join_refusal(std::uint32_t raw) noexcept { return raw >= 1 && raw <= 3; }
+constexpr bool is_valid_join_refusal(std::uint32_t raw) noexcept { return raw >= 1 && raw <= 4; }
 
 namespace detail {
 /// A plan fingerprint as the programs print it: 16 hex digits.
@@ -99,6 +109,7 @@ constexpr std::string_view to_string(JoinRefusal r) noexcept {
     case JoinRefusal::foreign_plan: return "foreign_plan";
     case JoinRefusal::schedule: return "schedule";
     case JoinRefusal::identity: return "identity";
+    case JoinRefusal::tokens_per_step: return "tokens_per_step";
   }
   return "unknown";
 }

@@ -62,6 +62,11 @@ struct OuterLoopConfig {
   Duration join_retry = std::chrono::seconds(1);  ///< resend the join request this often while joining
   Duration lock_step_timeout = std::chrono::seconds(60);
   Duration heartbeat_interval = std::chrono::seconds(1);
+  /// The most tokens one inner step processes (the batch in tokens), declared
+  /// to the syncer at join: it rejects a contribution claiming more than steps x
+  /// this (docs/algorithm.md, "Validation and staleness"), and step() refuses
+  /// more. 0: not declared (the syncer's --max-tokens-per-step bounds it, if set).
+  std::uint64_t tokens_per_step = 0;
 };
 
 struct StepReport {
@@ -185,6 +190,11 @@ class OuterLoop {
   StepReport step(std::span<T> params, std::int64_t tokens) {
     if (!joined_) throw StateError("OuterLoop::step() called before join(); call join(params) first");
     if (tokens < 0) throw InvalidArgument(detail::msg("OuterLoop::step: tokens = ", tokens, " must be >= 0"));
+    if (config_.tokens_per_step != 0 && static_cast<std::uint64_t>(tokens) > config_.tokens_per_step)
+      throw InvalidArgument(detail::msg("OuterLoop::step: tokens = ", tokens, " exceeds the ", config_.tokens_per_step,
+                                        " tokens per step this learner declared at join "
+                                        "(OuterLoopConfig::tokens_per_step); the syncer would reject the "
+                                        "contribution: declare the largest batch in tokens"));
     // Every tensor's size, every step: a tensor resized after join() must fail
     // here, naming it, not at its fragment's next send or (half-way) apply.
     // One size query per tensor, no copy.
@@ -300,6 +310,9 @@ class OuterLoop {
       throw InvalidArgument(
           "OuterLoopConfig: join_timeout, join_retry, lock_step_timeout and heartbeat_interval must be > 0");
     if (plan.num_fragments() == 0) throw InvalidArgument("OuterLoop: the plan has no fragments");
+    if (c.tokens_per_step > (std::uint64_t{1} << 40))
+      throw InvalidArgument(detail::msg("OuterLoopConfig::tokens_per_step = ", c.tokens_per_step,
+                                        " is above 2^40; declare the batch in tokens of one inner step, or 0"));
     return c;
   }
 
@@ -350,6 +363,7 @@ class OuterLoop {
     m.sequence = join_nonce_;
     m.steps = static_cast<std::int64_t>(config_.sync_every);  // the schedule, checked by a syncer that knows it
     m.tokens = static_cast<std::int64_t>(config_.overlap);
+    m.version = config_.tokens_per_step;  // bounds this learner's token claims at the syncer (0: unstated)
     send(std::move(m));
   }
 
@@ -415,6 +429,11 @@ class OuterLoop {
                          ": this learner's key is on the syncer's allow-list for learner id ", m.version, ", not ",
                          config_.id, "; run with --id ", m.version, " or give learner ", config_.id,
                          " its own key and allow-list line");
+    }
+    if (theirs == JoinRefusal::tokens_per_step) {
+      return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id, ": it declares ",
+                         config_.tokens_per_step, " tokens per inner step but the syncer allows at most ", m.version,
+                         " (--max-tokens-per-step); use a smaller batch or raise the syncer's bound");
     }
     if (theirs == JoinRefusal::schedule) {
       return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id, ": it runs H = ", m.steps,
