@@ -42,7 +42,8 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
     out << "learners_alive=" << s.learners_alive << "\nlearners_known=" << s.learners_known << "\njoins=" << s.joins
         << "\nmerges=" << s.merges << "\naccepted=" << s.contributions_accepted << "\nrejected=" << s.rejected_total()
         << "\njoins_refused=" << s.joins_refused << "\nobserves=" << s.observes
-        << "\nobserves_limited=" << s.observes_limited << "\n";
+        << "\nobserves_limited=" << s.observes_limited << "\nclipped=" << s.contributions_clipped
+        << "\nweights_capped=" << s.weights_capped << "\n";
     for (std::size_t i = 0; i < kRejectReasons; ++i)
       out << "rejected_" << to_string(static_cast<RejectReason>(i)) << "=" << s.rejected[i] << "\n";
     out << "decode_errors=" << z.decode_errors << "\nauth_denied=" << z.auth_denied

@@ -385,7 +385,11 @@ struct SyncerStatus {
     return detail::msg("alive ", learners_alive, "/", learners_known, " merges ", merges, " mean-quorum ",
                        static_cast<double>(static_cast<int>(mean_quorum_size() * 100)) / 100, " accepted ",
                        contributions_accepted, " rejected ", rejected_total(), rej.empty() ? "" : " (", rej,
-                       rej.empty() ? "" : ")", " in ", bytes_in / 1024, " KiB out ", bytes_out / 1024, " KiB");
+                       rej.empty() ? "" : ")",
+                       contributions_clipped + weights_capped == 0
+                           ? std::string()
+                           : detail::msg(" clipped ", contributions_clipped, " capped ", weights_capped),
+                       " in ", bytes_in / 1024, " KiB out ", bytes_out / 1024, " KiB");
   }
 };
 
