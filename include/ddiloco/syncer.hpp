@@ -148,8 +148,8 @@ struct SyncerConfig {
   /// never divided by a claimed count) exceeds this factor times the fragment's
   /// robust reference: the median over the last `reference_window` learners
   /// heard from of each one's largest accepted norm among its latest
-  /// `reference_history`, so one learner holds one vote however often it sends. Applies after `norm_warmup` accepted
-  /// contributions of the fragment.
+  /// `reference_history`, so one learner holds one vote however often it
+  /// sends. Applies after `norm_warmup` accepted contributions of the fragment.
   double norm_outlier_factor = 50.0;
   std::size_t norm_warmup = 4;
   /// The robust references of norms and weights (detail::RobustReference): the
@@ -164,8 +164,8 @@ struct SyncerConfig {
   double clip_factor = 4.0;
   /// Weight cap: a contribution's weight (tokens^2 / steps) is capped at this
   /// factor times the weights' robust reference (as the norms'), so no learner
-  /// dominates a merge by its claims. Honest weights
-  /// differ by (batch ratio)^2 between learners: 16 leaves 4x batches whole. 0: off.
+  /// dominates a merge by its claims. Honest weights differ by (batch ratio)^2
+  /// between learners: 16 leaves 4x batches whole. 0: off.
   double weight_cap_factor = 16.0;
   /// Operator bound on the tokens one inner step may process (a learner's
   /// batch in tokens). A join declaring more is refused
