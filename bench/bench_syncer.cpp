@@ -217,14 +217,19 @@ void BM_FastRound(benchmark::State& state) {
 }
 
 /// fast::RadialDirectional, batched: reset, one add_batch of all M, fused finish + Nesterov.
-template <Codec C>
+/// Clipped: every other contribution enters scaled by 1/4 (fast::Contribution::scale,
+/// what the syncer's norm clipping sets), to show that clipping costs the fold nothing.
+template <Codec C, bool Clipped = false>
 void BM_FastBatchRound(benchmark::State& state) {
   const auto n = std::size_t{1} << state.range(0);
   const auto m = static_cast<std::size_t>(state.range(1));
   const auto threads = static_cast<std::size_t>(state.range(2));
   const auto layout = make_layout(n);
   const auto& in = contributions(n, m, C);
-  const auto batch = make_batch<C>(in, m);
+  auto batch = make_batch<C>(in, m);
+  if constexpr (Clipped) {
+    for (std::size_t k = 0; k < m; k += 2) batch[k].scale = 0.25;
+  }
   auto acc = fast::RadialDirectional{&workers(threads)}.make_accumulator(layout);
   const ddiloco::NesterovSGD opt;
   std::vector<float> theta(n, 1.0f), momentum(n, 0.0f);
@@ -572,6 +577,8 @@ void batch_pairs(benchmark::internal::Benchmark* b) {
 BENCHMARK_TEMPLATE(BM_RooflinePair, Codec::fp32, true)->Name("BM_RooflinePairBatch<fp32>")->Apply(batch_pairs);
 BENCHMARK_TEMPLATE(BM_RooflinePair, Codec::int4, true)->Name("BM_RooflinePairBatch<int4>")->Apply(batch_pairs);
 BENCHMARK_TEMPLATE(BM_FastBatchRound, Codec::fp32)->Name("BM_FastBatchRound<fp32>/learners")->Apply(m_scaling);
+BENCHMARK_TEMPLATE(BM_FastBatchRound, Codec::fp32, false)->Name("BM_FastBatchRound<fp32>/unclipped")->Args({22, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_FastBatchRound, Codec::fp32, true)->Name("BM_FastBatchRound<fp32>/clipped")->Args({22, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_ReferenceRound, Codec::fp32)->Args({24, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_ReferenceRound, Codec::int4)->Args({24, 8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_FastRound, Codec::fp32)->Name("BM_FastRound<fp32>/size")->Apply(size_scaling);

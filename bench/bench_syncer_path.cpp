@@ -94,6 +94,7 @@ void BM_SyncerRoundFromFrames(benchmark::State& state) {
       // The same bytes replayed: give each round its own sequence and base version.
       m.sequence = base[id] + 1 + round;
       m.version = round;
+      m.step = 24 * (round + 1);  // an honest step counter: 24 steps per round (the syncer bounds steps by it)
       batch.push_back(std::move(m));
     }
     syncer.handle_batch(batch, out);

@@ -17,7 +17,8 @@
 // the demo also prints the real elapsed seconds.
 //
 // Usage: chaos_demo [--steps N] [--seed S] [--quick] [--out DIR] [--H H] [--eval-examples E]
-//                   [--step-ms MS] [--fortunes DIR]
+//                   [--step-ms MS] [--fortunes DIR] [--clip-factor C]
+//                   [--weight-cap-factor W]
 // Writes DIR/results.csv, DIR/curves.csv and DIR/results.md (default DIR = results/chaos);
 // examples/plot_chaos.py draws DIR/loss_vs_time.png from them.
 #include <Eigen/Core>
@@ -60,6 +61,10 @@ struct Args {
   /// lr 0.7: momentum 0.9 2.448, 0.5 2.406; see docs/chaos_demo.md).
   float momentum = 0.5f;
   std::string only;        ///< run only rows whose "label / tape" contains this (experiments)
+  /// SyncerConfig::clip_factor of every syncer (the library's default; 0: no clipping).
+  double clip_factor = ddiloco::SyncerConfig{}.clip_factor;
+  /// SyncerConfig::weight_cap_factor of every syncer (the library's default; 0: no cap).
+  double weight_cap_factor = ddiloco::SyncerConfig{}.weight_cap_factor;
   std::string out = "results/chaos";
   std::string fortunes = ref::default_fortune_dir().string();
   bool quick = false;
@@ -69,7 +74,7 @@ struct Args {
   std::fprintf(stderr,
                "chaos_demo: %s\n"
                "usage: chaos_demo [--steps N] [--seed S] [--quick] [--out DIR] [--H H] [--eval-examples E]\n"
-               "                  [--step-ms MS] [--fortunes DIR]\n",
+               "                  [--step-ms MS] [--fortunes DIR] [--clip-factor C] [--weight-cap-factor W]\n",
                why);
   std::exit(2);
 }
@@ -115,6 +120,10 @@ Args parse(int argc, char** argv) {
       a.outer_lr = std::strtof(value, &end);
     } else if (flag == "--momentum") {
       a.momentum = std::strtof(value, &end);
+    } else if (flag == "--clip-factor") {
+      a.clip_factor = std::strtod(value, &end);
+    } else if (flag == "--weight-cap-factor") {
+      a.weight_cap_factor = std::strtod(value, &end);
     } else {
       usage("unknown option");
     }
@@ -245,6 +254,12 @@ ddiloco::ClusterConfig make_config(const Method& m, Tape tape, const Context& ct
   c.outer.join_retry = c.step_time * 10;
   c.syncer.heartbeat_timeout = c.step_time * 30;
   c.syncer.quorum.min_quorum = m.quorum;
+  // Admission: the schedule (the ceiling on a contribution's steps), each
+  // learner's declared batch (its token claims) and norm clipping.
+  c.syncer.sync_every = m.sync_every;
+  c.syncer.clip_factor = a.clip_factor;
+  c.syncer.weight_cap_factor = a.weight_cap_factor;
+  c.outer.tokens_per_step = ctx.trainer.batch_size;
   c.syncer.quorum.overlap = m.overlap;
   c.syncer.quorum.grace = m.grace;
   c.syncer.quorum.gamma = 0.3;

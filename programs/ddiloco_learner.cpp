@@ -9,6 +9,8 @@
 // prints the validation loss of the global model it fetches from the syncer.
 // SIGTERM/SIGINT stop it after the current inner step: it leaves and exits 0.
 // `--metrics ADDR:PORT` serves Prometheus metrics (docs/metrics.md).
+// It declares its batch (tokens per inner step) at join; the syncer bounds its
+// token counts by it (docs/algorithm.md, "Validation and staleness").
 // `--help` lists every flag.
 #include <ddiloco/fragmenter.hpp>
 #include <ddiloco/adapters/eigen.hpp>
@@ -143,6 +145,9 @@ int main(int argc, char** argv) try {
   oc.id = zc.id;
   oc.sync_every = f.count("sync-every");
   oc.overlap = f.count("overlap");
+  // Declared at join: the syncer rejects a contribution claiming more than
+  // steps x this many tokens (and refuses the join above --max-tokens-per-step).
+  oc.tokens_per_step = trainer.tokens_per_step();
   oc.join_timeout = std::chrono::milliseconds(f.integer("join-timeout-ms"));
   oc.lock_step = f.flag("lock-step");
   oc.lock_step_timeout = std::chrono::milliseconds(f.integer("lock-step-timeout-ms"));

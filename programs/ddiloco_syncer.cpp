@@ -47,7 +47,8 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
         << "\nobserves_limited=" << s.observes_limited << "\njoins_limited=" << s.joins_limited
         << "\njoins_over_capacity=" << s.joins_over_capacity << "\nlearners_pruned=" << s.learners_pruned
         << "\nrejoin_requests=" << s.rejoin_requests << "\nrejoin_requests_limited=" << s.rejoin_requests_limited
-        << "\nsequence_epoch=" << s.sequence_epoch << "\n";
+        << "\nsequence_epoch=" << s.sequence_epoch << "\nclipped=" << s.contributions_clipped
+        << "\nweights_capped=" << s.weights_capped << "\n";
     for (std::size_t i = 0; i < kRejectReasons; ++i)
       out << "rejected_" << to_string(static_cast<RejectReason>(i)) << "=" << s.rejected[i] << "\n";
     out << "decode_errors=" << z.decode_errors << "\nauth_denied=" << z.auth_denied
@@ -120,6 +121,16 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   sc.heartbeat_timeout = std::chrono::milliseconds(f.integer("heartbeat-timeout-ms"));
   sc.send_merged_to = parse_recipients(f.str("send-merged-to"));
   sc.sync_every = f.count("sync-every");  // a learner with another H or tau is refused, with both named
+  // Admission (docs/algorithm.md, "Validation and staleness"): bounded claims,
+  // the robust norm reference, clipping and the weight cap.
+  sc.max_tokens_per_step = f.count("max-tokens-per-step");
+  sc.max_steps_per_contribution = f.count("max-steps-per-contribution");
+  sc.norm_outlier_factor = f.num("norm-outlier-factor");
+  sc.norm_warmup = f.count("norm-warmup");
+  sc.clip_factor = f.num("clip-factor");
+  sc.weight_cap_factor = f.num("weight-cap-factor");
+  sc.reference_window = f.count("reference-window");
+  sc.reference_history = f.count("reference-history");
   sc.observe_interval = std::chrono::milliseconds(f.integer("observe-interval-ms"));
   sc.observe_burst = f.count("observe-burst");
   sc.max_learners = f.count("max-learners");
@@ -280,6 +291,23 @@ int main(int argc, char** argv) try {
   f.add("deadline-ms", "60000", "hard bound of a round, milliseconds");
   f.add("max-staleness", "8", "versions a contribution's base may lag before it is rejected and answered");
   f.add("heartbeat-timeout-ms", "10000", "a learner silent this long is declared dead");
+  f.add("max-tokens-per-step", "0",
+        "bound on the tokens one inner step of a learner may process (its batch in tokens): a join declaring "
+        "more is refused; a learner declaring none may claim at most steps x this many tokens (0: no bound "
+        "beyond each learner's own declaration)");
+  f.add("max-steps-per-contribution", "0",
+        "a contribution claiming more inner steps is rejected (steps_beyond_schedule); 0: H x (max-staleness + 1). "
+        "Every contribution's steps are also bounded by the advance of its learner's step counter");
+  f.add("norm-outlier-factor", "50",
+        "reject a contribution whose norm exceeds this x the fragment's robust reference (the median over recent "
+        "learners of each one's largest recent accepted norm)");
+  f.add("norm-warmup", "4", "accepted contributions of a fragment before its norm checks, clipping and weight cap apply");
+  f.add("clip-factor", "4",
+        "merge a contribution whose norm exceeds this x the robust reference as if scaled to that norm (0: off)");
+  f.add("weight-cap-factor", "16",
+        "cap a contribution's weight (tokens^2 / steps) at this x the robust reference of recent weights (0: off)");
+  f.add("reference-window", "16", "learners the robust references of norms and weights hold (per fragment)");
+  f.add("reference-history", "8", "accepted values per learner in the robust references (their maximum votes)");
   f.add("send-merged-to", "alive",
         "who gets a merged fragment: alive (every live learner) or contributors (only the learners whose "
         "contributions are in the merge: about alive/K times less down-link)");

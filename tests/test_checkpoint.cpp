@@ -92,7 +92,9 @@ struct Rig {
     m.sequence = seq;
     m.steps = 10;
     m.tokens = 100;
-    m.step = 10;
+    // An honest step counter: 10 steps per contribution, counted from the
+    // incarnation's first sequence (the syncer bounds steps by its advance).
+    m.step = 10 * (seq & 0xffffffffu);
     m.payload = make_payload(std::vector<float>(plan.fragments()[fragment].numel, value));
     return m;
   }

@@ -48,7 +48,7 @@ Message contribution(const Plan& plan, LearnerId id, std::size_t p, std::uint64_
   m.sequence = seq;
   m.steps = 10;
   m.tokens = 100;
-  m.step = 10;
+  m.step = 10 * (seq & 0xffffffffu);  // an honest step counter: 10 steps per contribution since the join
   m.payload = make_payload(std::vector<float>(plan.fragments()[p].numel, 0.1f));
   return m;
 }

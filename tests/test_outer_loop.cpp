@@ -698,6 +698,7 @@ TEST_CASE("A stale rejection answered with the current fragment resynchronises t
     m.sequence = first_sequence + i;
     m.steps = 1;
     m.tokens = 1;
+    m.step = i;  // one inner step per contribution
     m.payload = make_payload(filled(4, 0.5f));
     r.syncer.handle(m, lost);
   }

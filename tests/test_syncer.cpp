@@ -51,10 +51,13 @@ struct Rig {
     m.sequence = seq;
     m.steps = steps;
     m.tokens = tokens;
-    m.step = static_cast<std::uint64_t>(steps);
+    m.step = steps_so_far[id] += static_cast<std::uint64_t>(steps);  // an honest step counter
     m.payload = make_payload(std::vector<float>(plan.fragments()[fragment].numel, value));
     return m;
   }
+  /// Each learner's inner step counter: the syncer bounds a contribution's
+  /// steps by its advance since the learner's previous contribution.
+  mutable std::map<LearnerId, std::uint64_t> steps_so_far;
   std::size_t fragment_of_w() const { return plan.fragment_of(0); }
   // First sequence number of a learner's first incarnation (see Syncer::on_join).
   static std::uint64_t seq0() { return std::uint64_t{1} << 32; }

@@ -53,7 +53,7 @@ Message contribution(const Plan& plan, LearnerId id, std::size_t p, std::uint64_
   m.sequence = seq;
   m.steps = 4;
   m.tokens = 64;
-  m.step = seq;
+  m.step = 4 * seq;  // an honest step counter: advances by at least `steps` between contributions
   m.payload =
       make_payload(std::vector<float>(plan.fragments()[p].numel, 0.001f * static_cast<float>(1 + id)));
   return m;

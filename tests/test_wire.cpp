@@ -470,7 +470,7 @@ TEST_CASE("each WireError is provoked by a crafted frame and counted once", "[wi
     put(f, 20, 0, 4);  // reason 0 is no JoinRefusal
     reseal(f);
     cases.emplace_back(WireError::bad_reason, f);
-    put(f, 20, 5, 4);  // nor is 5 (the last is JoinRefusal::full = 4)
+    put(f, 20, 6, 4);  // nor is 6 (the last is JoinRefusal::tokens_per_step = 5)
     reseal(f);
     cases.emplace_back(WireError::bad_reason, f);
   }

@@ -24,6 +24,8 @@
 //                                      fingerprint, fragment count and parameter count,
 //                                      `steps`/`tokens` = the syncer's H and tau (0: not
 //                                      checked), `sequence` = the refused request's nonce.
+//                                      For JoinRefusal::tokens_per_step, `version` = the
+//                                      syncer's bound on tokens per inner step instead.
 //   observer -> syncer observe         "send me the current global state; I do not train":
 //                                      answered (rate limited) with one full_state per
 //                                      fragment (`sequence` = the request's nonce, `step` =
@@ -35,7 +37,12 @@
 //                                      join). Rate limited per id; no payload, `sequence` 0.
 //                                      The learner joins with a fresh nonce and keeps its
 //                                      parameters and its unsent progress.
-// A join states the learner's schedule: `steps` = H, `tokens` = tau (0, 0: unstated).
+// A join states the learner's schedule: `steps` = H, `tokens` = tau (0, 0: unstated), its
+// inner step counter in `step`, and in `version` the most tokens one of its inner steps
+// processes (its batch in tokens; 0: unstated). The syncer bounds every later contribution
+// by them (docs/algorithm.md, "Validation and staleness"): `steps` by the advance of `step`
+// since the learner's previous contribution of that fragment (or its join), `tokens` by
+// `steps` x the declared tokens per step.
 #pragma once
 
 #include <chrono>
@@ -90,9 +97,12 @@ enum class JoinRefusal : std::uint8_t {
   schedule = 2,      ///< another schedule: H (sync every) or tau (overlap) differ from the syncer's
   identity = 3,      ///< the learner's key is on the allow-list for another id (`version` = that id)
   full = 4,          ///< the syncer knows SyncerConfig::max_learners learners, all of them alive
+  /// the join declares more tokens per inner step than the syncer's bound
+  /// (SyncerConfig::max_tokens_per_step, `version` = that bound)
+  tokens_per_step = 5,
 };
 
-constexpr bool is_valid_join_refusal(std::uint32_t raw) noexcept { return raw >= 1 && raw <= 4; }
+constexpr bool is_valid_join_refusal(std::uint32_t raw) noexcept { return raw >= 1 && raw <= 5; }
 
 namespace detail {
 /// A plan fingerprint as the programs print it: 16 hex digits.
@@ -109,6 +119,7 @@ constexpr std::string_view to_string(JoinRefusal r) noexcept {
     case JoinRefusal::schedule: return "schedule";
     case JoinRefusal::identity: return "identity";
     case JoinRefusal::full: return "full";
+    case JoinRefusal::tokens_per_step: return "tokens_per_step";
   }
   return "unknown";
 }

@@ -74,6 +74,11 @@ struct OuterLoopConfig {
   Duration join_retry = std::chrono::seconds(1);  ///< resend the join request this often while joining
   Duration lock_step_timeout = std::chrono::seconds(60);
   Duration heartbeat_interval = std::chrono::seconds(1);
+  /// The most tokens one inner step processes (the batch in tokens), declared
+  /// to the syncer at join: it rejects a contribution claiming more than steps x
+  /// this (docs/algorithm.md, "Validation and staleness"), and step() refuses
+  /// more. 0: not declared (the syncer's --max-tokens-per-step bounds it, if set).
+  std::uint64_t tokens_per_step = 0;
 };
 
 /// One global fragment a step applied: which, its version, and the values
@@ -289,6 +294,11 @@ class OuterLoop {
   StepReport step(std::span<T> params, std::int64_t tokens) {
     if (!joined_) throw StateError("OuterLoop::step() called before join(); call join(params) first");
     if (tokens < 0) throw InvalidArgument(detail::msg("OuterLoop::step: tokens = ", tokens, " must be >= 0"));
+    if (config_.tokens_per_step != 0 && static_cast<std::uint64_t>(tokens) > config_.tokens_per_step)
+      throw InvalidArgument(detail::msg("OuterLoop::step: tokens = ", tokens, " exceeds the ", config_.tokens_per_step,
+                                        " tokens per step this learner declared at join "
+                                        "(OuterLoopConfig::tokens_per_step); the syncer would reject the "
+                                        "contribution: declare the largest batch in tokens"));
     // Every tensor's size, every step: a tensor resized after join() must fail
     // here, naming it, not at its fragment's next send or (half-way) apply.
     // One size query per tensor, no copy.
@@ -410,6 +420,9 @@ class OuterLoop {
       throw InvalidArgument(
           "OuterLoopConfig: join_timeout, join_retry, lock_step_timeout and heartbeat_interval must be > 0");
     if (plan.num_fragments() == 0) throw InvalidArgument("OuterLoop: the plan has no fragments");
+    if (c.tokens_per_step > (std::uint64_t{1} << 40))
+      throw InvalidArgument(detail::msg("OuterLoopConfig::tokens_per_step = ", c.tokens_per_step,
+                                        " is above 2^40; declare the batch in tokens of one inner step, or 0"));
     return c;
   }
 
@@ -460,6 +473,7 @@ class OuterLoop {
     m.sequence = join_nonce_;
     m.steps = static_cast<std::int64_t>(config_.sync_every);  // the schedule, checked by a syncer that knows it
     m.tokens = static_cast<std::int64_t>(config_.overlap);
+    m.version = config_.tokens_per_step;  // bounds this learner's token claims at the syncer (0: unstated)
     send(std::move(m));
   }
 
@@ -557,6 +571,11 @@ class OuterLoop {
       return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id,
                          ": it already serves its maximum number of learners, all of them alive; raise the "
                          "syncer's --max-learners or stop a learner first");
+    }
+    if (theirs == JoinRefusal::tokens_per_step) {
+      return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id, ": it declares ",
+                         config_.tokens_per_step, " tokens per inner step but the syncer allows at most ", m.version,
+                         " (--max-tokens-per-step); use a smaller batch or raise the syncer's bound");
     }
     if (theirs == JoinRefusal::schedule) {
       return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id, ": it runs H = ", m.steps,

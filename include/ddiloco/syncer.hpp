@@ -33,7 +33,12 @@
 // fingerprint, unknown learner, bad fragment index, wrong size, non-finite
 // values, norm far outside the recent range, inconsistent counters, duplicate
 // or replayed sequence, base version too old (answered with the current
-// fragment) or from the future. A contribution or heartbeat from an unknown
+// fragment) or from the future, counters claiming more steps than the
+// learner's step counter advanced (or than the schedule allows) or more tokens
+// than it declared per step at join. An accepted contribution far above the
+// recent norms is clipped (scaled down) and an outsized weight capped
+// (docs/algorithm.md, "Validation and staleness": "Bounded claims").
+// A contribution or heartbeat from an unknown
 // learner (one that joined after the checkpoint this syncer restored) is also
 // answered with MessageType::rejoin, rate limited per id and in total.
 // Sequence spaces: bits 48-63 of a sequence are the restore epoch
@@ -86,6 +91,12 @@ enum class RejectReason : std::uint8_t {
   future_version,    ///< base version newer than the syncer's
   unexpected_type,   ///< a syncer-to-learner message sent to the syncer
   bad_encoding,      ///< an encoded payload (Message::encoded) with invalid scales or codes
+  /// steps above the advance of the learner's step counter since its previous
+  /// contribution of the fragment (or its join), or above the schedule's ceiling
+  steps_beyond_schedule,
+  /// tokens above steps x the tokens per step the learner declared at join
+  /// (or SyncerConfig::max_tokens_per_step when it declared none)
+  tokens_beyond_declared,
   count_
 };
 inline constexpr std::size_t kRejectReasons = static_cast<std::size_t>(RejectReason::count_);
@@ -94,7 +105,7 @@ constexpr std::string_view to_string(RejectReason r) noexcept {
   constexpr std::array<std::string_view, kRejectReasons> names{
       "foreign_plan", "unknown_learner", "bad_fragment", "wrong_size",     "non_finite",     "norm_outlier",
       "bad_counters", "duplicate",       "stale",        "future_version", "unexpected_type",
-      "bad_encoding"};
+      "bad_encoding", "steps_beyond_schedule", "tokens_beyond_declared"};
   const auto i = static_cast<std::size_t>(r);
   return i < names.size() ? names[i] : "unknown";
 }
@@ -161,10 +172,41 @@ struct SyncerConfig {
   /// A learner not heard from for this long is declared dead (not counted as
   /// alive by the quorum; it comes back with its next valid message).
   Duration heartbeat_timeout = std::chrono::seconds(10);
-  /// Reject a contribution whose norm per inner step exceeds this factor times
-  /// the moving average of accepted ones (after `norm_warmup` accepted ones).
+  /// Reject a contribution whose norm ||v|| (the whole fragment's, as sent:
+  /// never divided by a claimed count) exceeds this factor times the fragment's
+  /// robust reference: the median over the last `reference_window` learners
+  /// heard from of each one's largest accepted norm among its latest
+  /// `reference_history`, so one learner holds one vote however often it
+  /// sends. Applies after `norm_warmup` accepted contributions of the fragment.
   double norm_outlier_factor = 50.0;
   std::size_t norm_warmup = 4;
+  /// The robust references of norms and weights (detail::RobustReference): the
+  /// last `reference_window` learners heard from, each with its
+  /// `reference_history` latest accepted values (fixed memory per fragment).
+  std::size_t reference_window = 16;
+  std::size_t reference_history = 8;
+  /// Norm clipping in the merge: an accepted contribution whose norm exceeds
+  /// clip_factor x the reference enters the merge scaled to that norm (under
+  /// RDA: its radial part only; its direction counts as sent). Costs no pass
+  /// over the payload (a factor per contribution inside the fold). 0: off.
+  double clip_factor = 4.0;
+  /// Weight cap: a contribution's weight (tokens^2 / steps) is capped at this
+  /// factor times the weights' robust reference (as the norms'), so no learner
+  /// dominates a merge by its claims. Honest weights differ by (batch ratio)^2
+  /// between learners: 16 leaves 4x batches whole. 0: off.
+  double weight_cap_factor = 16.0;
+  /// Operator bound on the tokens one inner step may process (a learner's
+  /// batch in tokens). A join declaring more is refused
+  /// (JoinRefusal::tokens_per_step); a learner declaring none is held to this
+  /// bound: tokens <= steps x max_tokens_per_step. 0: no operator bound (a
+  /// declaration still binds its learner).
+  std::uint64_t max_tokens_per_step = 0;
+  /// Ceiling on a contribution's steps. 0 derives it from the schedule when
+  /// sync_every (H) is set: H x (max_staleness + 1), the progress of one send
+  /// interval plus max_staleness sends the transport refused (the learner
+  /// carries refused progress into its next send); without H, only the step
+  /// counter's advance bounds steps.
+  std::uint64_t max_steps_per_contribution = 0;
   /// Scale each merged outer gradient by k / alive, the share of the live
   /// learners it holds (a project decision; the paper is silent). Learners
   /// send only their own progress (docs/algorithm.md, "Participation
@@ -270,6 +312,32 @@ inline void validate(const SyncerConfig& c) {
     throw InvalidArgument(detail::msg("SyncerConfig: rejoin_interval = ", c.rejoin_interval.count(),
                                       " ns and rejoin_burst = ", c.rejoin_burst,
                                       " must be > 0 (defaults 1 s and 64)"));
+  if (c.reference_window == 0 || c.reference_window > 4096 || c.reference_history == 0 ||
+      c.reference_history > 256)
+    throw InvalidArgument(detail::msg("SyncerConfig::reference_window = ", c.reference_window,
+                                      " and reference_history = ", c.reference_history,
+                                      " must be in [1, 4096] learners and [1, 256] values (defaults 16 and 8)"));
+  if (!(c.clip_factor == 0.0 || (c.clip_factor >= 1.0 && std::isfinite(c.clip_factor))))
+    throw InvalidArgument(detail::msg("SyncerConfig::clip_factor = ", c.clip_factor,
+                                      " must be 0 (off) or a finite number >= 1 (default 4)"));
+  if (!(c.weight_cap_factor == 0.0 || (c.weight_cap_factor >= 1.0 && std::isfinite(c.weight_cap_factor))))
+    throw InvalidArgument(detail::msg("SyncerConfig::weight_cap_factor = ", c.weight_cap_factor,
+                                      " must be 0 (off) or a finite number >= 1 (default 16)"));
+  if (c.max_tokens_per_step > (std::uint64_t{1} << 40))
+    throw InvalidArgument(detail::msg("SyncerConfig::max_tokens_per_step = ", c.max_tokens_per_step,
+                                      " is above 2^40; use the largest batch in tokens of any learner, or 0"));
+  if (c.max_steps_per_contribution > (std::uint64_t{1} << 40))
+    throw InvalidArgument(detail::msg("SyncerConfig::max_steps_per_contribution = ", c.max_steps_per_contribution,
+                                      " is above 2^40; use a few times H, or 0 to derive it from sync_every"));
+}
+
+/// The ceiling on a contribution's steps under `c` (0: none), see
+/// SyncerConfig::max_steps_per_contribution.
+inline std::uint64_t steps_ceiling(const SyncerConfig& c) noexcept {
+  if (c.max_steps_per_contribution != 0) return c.max_steps_per_contribution;
+  if (c.sync_every == 0) return 0;
+  const std::uint64_t slack = std::min<std::uint64_t>(c.max_staleness, std::uint64_t{1} << 20) + 1;
+  return c.sync_every > (std::uint64_t{1} << 40) ? 0 : c.sync_every * slack;
 }
 
 /// A join or observe request the syncer refused, for the operator's log
@@ -281,6 +349,8 @@ struct RefusedRequest {
   std::uint64_t fingerprint = 0;      ///< the request's plan fingerprint
   std::uint64_t sync_every = 0;       ///< the request's H (0: not stated)
   std::uint64_t overlap = 0;          ///< the request's tau
+  std::uint64_t tokens_per_step = 0;  ///< the request's declared tokens per inner step (0: not stated)
+  std::uint64_t our_max_tokens_per_step = 0;  ///< SyncerConfig::max_tokens_per_step
   std::uint64_t our_fingerprint = 0;  ///< the syncer's
   std::uint64_t our_sync_every = 0;
   std::uint64_t our_overlap = 0;
@@ -295,6 +365,9 @@ struct RefusedRequest {
         : reason == JoinRefusal::foreign_plan
             ? detail::msg("plan fingerprint ", detail::hex16(fingerprint), " differs from ours ",
                           detail::hex16(our_fingerprint), " (another model, tensor list or fragment count)")
+        : reason == JoinRefusal::tokens_per_step
+            ? detail::msg("declared ", tokens_per_step, " tokens per inner step, above our bound ",
+                          our_max_tokens_per_step, " (--max-tokens-per-step)")
             : detail::msg("schedule H = ", sync_every, ", tau = ", overlap, " differs from ours H = ",
                           our_sync_every, ", tau = ", our_overlap);
     return detail::msg("refused ", to_string(type), " from learner ", learner, ": ", why,
@@ -357,6 +430,11 @@ struct SyncerStatus {
   std::uint64_t rejoin_requests_limited = 0;  ///< ... not answered (rate limit; still counted unknown_learner)
   /// Restores this syncer's state has been through (SyncerSnapshot::sequence_epoch).
   std::uint64_t sequence_epoch = 0;
+  /// Accepted contributions whose norm was clipped to clip_factor x the
+  /// reference, and whose weight was capped at weight_cap_factor x the
+  /// reference (SyncerConfig). Since this Syncer was constructed (not checkpointed).
+  std::uint64_t contributions_clipped = 0;
+  std::uint64_t weights_capped = 0;
   /// Per merge: seconds from its round's first accepted contribution to the
   /// merged fragment being published (queued for the learners). Since this
   /// Syncer was constructed (not checkpointed), summed over fragments.
@@ -399,7 +477,11 @@ struct SyncerStatus {
     return detail::msg("alive ", learners_alive, "/", learners_known, " merges ", merges, " mean-quorum ",
                        static_cast<double>(static_cast<int>(mean_quorum_size() * 100)) / 100, " accepted ",
                        contributions_accepted, " rejected ", rejected_total(), rej.empty() ? "" : " (", rej,
-                       rej.empty() ? "" : ")", " in ", bytes_in / 1024, " KiB out ", bytes_out / 1024, " KiB");
+                       rej.empty() ? "" : ")",
+                       contributions_clipped + weights_capped == 0
+                           ? std::string()
+                           : detail::msg(" clipped ", contributions_clipped, " capped ", weights_capped),
+                       " in ", bytes_in / 1024, " KiB out ", bytes_out / 1024, " KiB");
   }
 };
 
@@ -411,8 +493,10 @@ struct FragmentSnapshot {
   /// Highest sequence seen per learner: restoring it is what makes a replay of a
   /// contribution merged before the checkpoint a duplicate after it.
   std::map<LearnerId, std::uint64_t> last_sequence;
-  double norm_ema = 0.0;  ///< moving average of accepted per-step norms
-  std::uint64_t norm_samples = 0;
+  /// Moving average of accepted norms ||v|| (for the operator; admission uses
+  /// the median reference, which is not saved: it is re-learnt after a restart).
+  double norm_ema = 0.0;
+  std::uint64_t norm_samples = 0;  ///< accepted contributions (the warm-up of the norm checks)
   /// Counters; `version` and `open_contributions` are ignored on restore
   /// (the version is the field above, the open round is not saved).
   FragmentStatus status{};
@@ -532,6 +616,72 @@ concept FusedFinishStep = std::same_as<Opt, NesterovSGD> &&
 template <class Acc>
 concept BatchAccumulator = requires(Acc& acc, std::span<const fast::Contribution> batch) { acc.add_batch(batch); };
 
+/// The robust reference of one fragment's accepted norms (or weights). It
+/// keeps, for each of the last `learners` learners heard from, that learner's
+/// `history` latest values (a learner that sends again updates its own entry;
+/// a new one evicts the learner heard from least recently), and answers the
+/// lower median over learners of each learner's recent maximum. One learner
+/// holds one vote however often it sends, so fewer than half of the learners
+/// cannot move the reference past the honest values; the recent maximum keeps
+/// a momentary dip of honest norms (the outer gradient passing through zero
+/// under Nesterov momentum) from making the next normal contribution look
+/// like an outlier. Memory is fixed: learners x history doubles. Not
+/// thread-safe (the syncer holds the fragment's lock).
+class RobustReference {
+ public:
+  explicit RobustReference(std::size_t learners = 16, std::size_t history = 8)
+      : learners_(std::max<std::size_t>(learners, 1)), history_(std::max<std::size_t>(history, 1)) {
+    entries_.reserve(learners_);
+    scratch_.reserve(learners_);
+  }
+
+  void put(LearnerId id, double value) {
+    auto it = std::find_if(entries_.begin(), entries_.end(), [id](const Entry& e) { return e.id == id; });
+    Entry e;
+    if (it != entries_.end()) {
+      e = std::move(*it);
+      entries_.erase(it);
+    } else if (entries_.size() >= learners_) {
+      e = std::move(entries_.front());  // reuse the evicted learner's storage
+      entries_.erase(entries_.begin());
+      e.values.clear();
+      e.next = 0;
+    }
+    e.id = id;
+    if (e.values.size() < history_) {
+      e.values.push_back(value);
+    } else {
+      e.values[e.next] = value;
+      e.next = (e.next + 1) % history_;
+    }
+    entries_.push_back(std::move(e));
+  }
+
+  /// The lower median (the ((n - 1) / 2)-th smallest of n: with two learners,
+  /// the smaller) of the learners' recent maxima; nullopt when empty.
+  [[nodiscard]] std::optional<double> median() const {
+    if (entries_.empty()) return std::nullopt;
+    scratch_.clear();
+    for (const Entry& e : entries_) scratch_.push_back(*std::max_element(e.values.begin(), e.values.end()));
+    const auto mid = scratch_.begin() + static_cast<std::ptrdiff_t>((scratch_.size() - 1) / 2);
+    std::nth_element(scratch_.begin(), mid, scratch_.end());
+    return *mid;
+  }
+
+  [[nodiscard]] std::size_t learners() const noexcept { return entries_.size(); }
+  void clear() noexcept { entries_.clear(); }
+
+ private:
+  struct Entry {
+    LearnerId id = 0;
+    std::vector<double> values;  ///< at most history_, a ring once full
+    std::size_t next = 0;        ///< the ring's oldest value once full
+  };
+  std::size_t learners_, history_;
+  std::vector<Entry> entries_;  ///< least recently heard from first
+  mutable std::vector<double> scratch_;
+};
+
 /// The buffers of published fragments (the payload every receiver of a merge
 /// shares), one spare per fragment kept mapped between merges: publishing
 /// fragment p copies Theta_p into the spare its previous publication left
@@ -617,6 +767,8 @@ class Syncer {
       f.acc.emplace(rule_.make_accumulator(plan_.layout(p)));
       f.wait.emplace(Wait(config_.quorum));
       f.published = published_->publish(p, f.theta);
+      f.norm_ref = detail::RobustReference(config_.reference_window, config_.reference_history);
+      f.weight_ref = detail::RobustReference(config_.reference_window, config_.reference_history);
     }
   }
 
@@ -800,6 +952,8 @@ class Syncer {
       s.rejected[static_cast<std::size_t>(RejectReason::stale)] += f.rejected_stale;
       s.rejected[static_cast<std::size_t>(RejectReason::future_version)] += f.rejected_future;
       s.rejected[static_cast<std::size_t>(RejectReason::norm_outlier)] += f.rejected_norm;
+      s.contributions_clipped += f.clipped;
+      s.weights_capped += f.weights_capped;
     }
     return s;
   }
@@ -914,6 +1068,8 @@ class Syncer {
       }
       f.norm_ema = fs.norm_ema;
       f.norm_samples = static_cast<std::size_t>(fs.norm_samples);
+      f.norm_ref.clear();  // not saved: re-learnt from the first accepted contributions
+      f.weight_ref.clear();
       f.status = fs.status;
       f.status.version = fs.version;
       f.status.open_contributions = 0;
@@ -1018,6 +1174,11 @@ class Syncer {
     std::optional<TimePoint> last_join_answer;  ///< when a join was last answered with the full state
     std::optional<TimePoint> window_start;      ///< this id's join rate window ...
     std::size_t window_count = 0;               ///< ... and the answers in it
+    std::uint64_t tokens_per_step = 0;  ///< declared at join (Message::version; 0: not stated)
+    /// Per fragment: the learner's step counter at its latest contribution of
+    /// the fragment, or at its join; empty = 0 for every fragment (a learner
+    /// restored from a checkpoint).
+    std::vector<std::uint64_t> step_base;
   };
 
   struct FragmentState {
@@ -1037,8 +1198,10 @@ class Syncer {
     std::set<LearnerId> accepted_from;
     std::map<LearnerId, std::uint64_t> last_sequence;
     std::optional<TimePoint> wake;
-    double norm_ema = 0.0;  ///< moving average of accepted per-step norms
+    double norm_ema = 0.0;  ///< moving average of accepted norms (observability; checkpointed)
     std::size_t norm_samples = 0;
+    detail::RobustReference norm_ref, weight_ref;  ///< robust references (accepted norms, weights)
+    std::uint64_t clipped = 0, weights_capped = 0;
     FragmentStatus status{};
     std::vector<std::uint64_t> quorum_sizes;
     std::uint64_t accepted = 0, rejected_duplicate = 0, rejected_stale = 0, rejected_future = 0,
@@ -1139,6 +1302,8 @@ class Syncer {
         (static_cast<std::uint64_t>(m.steps) != config_.sync_every ||
          static_cast<std::uint64_t>(m.tokens) != config_.quorum.overlap))
       return JoinRefusal::schedule;
+    if (m.type == MessageType::join && config_.max_tokens_per_step != 0 && m.version > config_.max_tokens_per_step)
+      return JoinRefusal::tokens_per_step;
     return std::nullopt;
   }
 
@@ -1155,6 +1320,7 @@ class Syncer {
     r.steps = static_cast<std::int64_t>(config_.sync_every);
     r.tokens = config_.sync_every != 0 ? static_cast<std::int64_t>(config_.quorum.overlap) : 0;
     r.sequence = m.sequence;
+    if (why == JoinRefusal::tokens_per_step) r.version = config_.max_tokens_per_step;
     const std::size_t from = out.size();
     out.push_back({m.learner, std::move(r)});
     count_out(out, from);
@@ -1179,6 +1345,8 @@ class Syncer {
     rec.fingerprint = m.fingerprint;
     rec.sync_every = static_cast<std::uint64_t>(m.steps);
     rec.overlap = static_cast<std::uint64_t>(m.tokens);
+    if (m.type == MessageType::join) rec.tokens_per_step = m.version;
+    rec.our_max_tokens_per_step = config_.max_tokens_per_step;
     rec.our_fingerprint = plan_.fingerprint();
     rec.our_sync_every = config_.sync_every;
     rec.our_overlap = config_.quorum.overlap;
@@ -1284,6 +1452,13 @@ class Syncer {
                                     sequence_epoch_ << kSequenceEpochShift);
         l.join_nonce = m.sequence;
         l.last_contribution.reset();
+        l.tokens_per_step = m.version;  // the claims of this incarnation are bounded by its join
+        // A learner asked to rejoin keeps its unsent progress (OuterLoop), so
+        // its next contribution of a fragment may span steps from before this
+        // join: at most the ceiling (all of them when there is none).
+        const std::uint64_t ceiling = steps_ceiling(config_);
+        const std::uint64_t carried = ceiling != 0 ? std::min<std::uint64_t>(m.step, ceiling) : m.step;
+        l.step_base.assign(fragments_.size(), m.step - carried);
         ++counters_.joins;
       }
       l.last_seen = now;
@@ -1427,19 +1602,55 @@ class Syncer {
     count_out(out, from);
   }
 
+  /// Bounds a contribution's claims (docs/algorithm.md, "Validation and
+  /// staleness", "Bounded claims"), with s = m.step, b = the learner's step
+  /// counter at its previous contribution of fragment p (or its join):
+  ///   steps <= s - b, steps <= steps_ceiling(config)   else steps_beyond_schedule;
+  ///   tokens <= steps x tokens-per-step (declared at join, else
+  ///             SyncerConfig::max_tokens_per_step; none: unbounded)
+  ///                                                   else tokens_beyond_declared.
+  /// An honest learner counts steps and tokens since its last send or receipt
+  /// of p, which is at or after b, so it never exceeds either bound. b moves to
+  /// s (if later) whatever the outcome: the learner was at step s. Takes the
+  /// membership lock (under the fragment's, the usual order).
+  std::optional<RejectReason> check_claims(std::size_t p, const Message& m) {
+    const auto steps = static_cast<std::uint64_t>(m.steps);  // >= 1 (precheck)
+    const auto tokens = static_cast<std::uint64_t>(m.tokens);  // >= 0 (precheck)
+    std::uint64_t base = 0, declared = 0;
+    {
+      std::unique_lock lock(members_mutex_);
+      if (auto it = learners_.find(m.learner); it != learners_.end()) {
+        auto& l = it->second;
+        if (l.step_base.size() != fragments_.size()) l.step_base.assign(fragments_.size(), 0);
+        base = l.step_base[p];
+        l.step_base[p] = std::max(base, m.step);
+        declared = l.tokens_per_step;
+      }
+    }
+    const std::uint64_t ceiling = steps_ceiling(config_);
+    if (m.step < base || steps > m.step - base || (ceiling != 0 && steps > ceiling))
+      return RejectReason::steps_beyond_schedule;
+    const std::uint64_t per_step = declared != 0 ? declared : config_.max_tokens_per_step;
+    // tokens > steps x per_step, without the product (it can overflow)
+    if (per_step != 0 && (tokens / per_step > steps || (tokens / per_step == steps && tokens % per_step != 0)))
+      return RejectReason::tokens_beyond_declared;
+    return std::nullopt;
+  }
+
   // ---- contributions ------------------------------------------------------
   /// A contribution that passed the checks needing no fragment lock.
   struct Checked {
     const Message* m = nullptr;
     TimePoint now{0};  ///< when it was handled (round start, step time)
-    double per_step_norm = 0.0;
-    double weight = 0.0;
+    double norm = 0.0;    ///< ||v|| of the whole fragment, as sent
+    double weight = 0.0;  ///< WeightRule of the claims; admit() caps it
+    double scale = 1.0;   ///< set by admit(): the factor v enters the merge with (clipping)
     std::optional<Duration> step_time;
     std::vector<double> tensor_sq;  ///< ||v_t||^2 per tensor of the fragment (handed to add_batch)
   };
 
   void on_contribution(const Message& m, TimePoint now, Outbox& out) {
-    if (auto c = precheck(m, now)) fold(std::span<const Checked>(&*c, 1), out);
+    if (auto c = precheck(m, now)) fold(std::span<Checked>(&*c, 1), out);
   }
 
   /// The checks of a contribution that need no fragment lock: index, size,
@@ -1485,18 +1696,19 @@ class Syncer {
     Checked c;
     c.m = &m;
     c.now = now;
-    c.per_step_norm = std::sqrt(sq) / static_cast<double>(m.steps);
+    c.norm = std::sqrt(sq);
     if (!touch(m.learner, now, m.step, &c.step_time)) return std::nullopt;
     c.weight = weights_(Counters{m.steps, m.tokens});
     c.tensor_sq = std::move(tensor_sq);
     return c;
   }
 
-  /// The checks under fragment p's lock (sequence, version, staleness, norm),
-  /// in this order; a stale contribution is answered with the current
-  /// fragment. An accepted one joins the open round's bookkeeping (not yet the
+  /// The checks under fragment p's lock (sequence, version, staleness, claims,
+  /// norm), in this order; a stale contribution is answered with the current
+  /// fragment. An accepted one has its norm clipped and its weight capped
+  /// (c.scale, c.weight) and joins the open round's bookkeeping (not yet the
   /// accumulator: fold() adds it). Returns true if accepted. Caller holds f.mutex.
-  bool admit(std::size_t p, FragmentState& f, const Checked& c, Outbox& out) {
+  bool admit(std::size_t p, FragmentState& f, Checked& c, Outbox& out) {
     const Message& m = *c.m;
     if (c.step_time) f.wait->observe_step_time(*c.step_time);
     auto& last = f.last_sequence[m.learner];
@@ -1519,13 +1731,38 @@ class Syncer {
       count_out(out, from);
       return false;
     }
-    if (f.norm_samples >= config_.norm_warmup && c.per_step_norm > config_.norm_outlier_factor * f.norm_ema) {
+    if (const auto why = check_claims(p, m)) {
+      reject(*why);
+      return false;
+    }
+    // The true norm against the median of recent learners' accepted norms
+    // (docs/algorithm.md, "Validation and staleness"); 0 means nothing to compare with.
+    const bool warm = f.norm_samples >= config_.norm_warmup;
+    std::optional<double> norm_ref = warm ? f.norm_ref.median() : std::nullopt;
+    if (norm_ref && !(*norm_ref > 0.0)) norm_ref.reset();
+    if (norm_ref && c.norm > config_.norm_outlier_factor * *norm_ref) {
       ++f.rejected_norm;
       count_tally(m, RejectReason::norm_outlier);
       return false;
     }
     last = m.sequence;
-    f.norm_ema = f.norm_samples == 0 ? c.per_step_norm : 0.9 * f.norm_ema + 0.1 * c.per_step_norm;
+    c.scale = 1.0;
+    if (config_.clip_factor > 0.0 && norm_ref && c.norm > config_.clip_factor * *norm_ref) {
+      c.scale = config_.clip_factor * *norm_ref / c.norm;  // enters the merge with norm clip x reference
+      ++f.clipped;
+    }
+    f.norm_ref.put(m.learner, c.norm * c.scale);
+    if (c.weight > 0.0) {
+      if (config_.weight_cap_factor > 0.0 && warm) {
+        const auto weight_ref = f.weight_ref.median();
+        if (weight_ref && *weight_ref > 0.0 && c.weight > config_.weight_cap_factor * *weight_ref) {
+          c.weight = config_.weight_cap_factor * *weight_ref;
+          ++f.weights_capped;
+        }
+      }
+      f.weight_ref.put(m.learner, c.weight);
+    }
+    f.norm_ema = f.norm_samples == 0 ? c.norm : 0.9 * f.norm_ema + 0.1 * c.norm;
     ++f.norm_samples;
     ++f.accepted;
     f.accepted_from.insert(m.learner);
@@ -1545,7 +1782,7 @@ class Syncer {
   /// its lock), folds the accepted ones of a fragment into its accumulator with
   /// one add_batch call when the accumulator has it (else add by add), then
   /// asks the wait policy once.
-  void fold(std::span<const Checked> batch, Outbox& out) {
+  void fold(std::span<Checked> batch, Outbox& out) {
     std::vector<bool> seen(fragments_.size(), false);
     std::vector<const Checked*> accepted;
     for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -1568,7 +1805,7 @@ class Syncer {
 
   void accumulate(FragmentState& f, std::span<const Checked* const> items) {
     if constexpr (detail::BatchAccumulator<typename Rule::Accumulator>) {
-      if (items.size() > 1 || (items.size() == 1 && items[0]->m->encoded)) {
+      if (items.size() > 1 || (items.size() == 1 && (items[0]->m->encoded || items[0]->scale != 1.0))) {
         // Encoded payloads go in as their bytes: the accumulator decodes them
         // chunk by chunk inside its merge loops (no fp32 copy).
         std::vector<fast::Contribution> batch(items.size());
@@ -1582,6 +1819,7 @@ class Syncer {
           }
           batch[i].weight = items[i]->weight;
           batch[i].tensor_sq = items[i]->tensor_sq;  // computed by precheck(): no second norm pass
+          batch[i].scale = items[i]->scale;          // clipping: a factor inside the fold, no pass of its own
         }
         f.acc->add_batch(batch);
         return;
@@ -1589,13 +1827,23 @@ class Syncer {
     }
     for (const Checked* c : items) {
       const Message& m = *c->m;
-      if (m.payload) {
+      if (m.payload && c->scale == 1.0) {
         f.acc->add(std::span<const float>(*m.payload), c->weight);
-      } else {  // a rule without add_batch: decode to fp32 first (checked in precheck)
+        continue;
+      }
+      // A rule without add_batch: decode to fp32 first (checked in precheck),
+      // and scale a clipped contribution's copy (one pass, clipped ones only).
+      if (m.payload) {
+        f.decoded.assign(m.payload->begin(), m.payload->end());
+      } else {
         f.decoded.resize(m.encoded->elements);
         decode(m.encoded->codec, m.encoded->bytes, f.decoded);
-        f.acc->add(std::span<const float>(f.decoded), c->weight);
       }
+      if (c->scale != 1.0) {
+        const auto k = static_cast<float>(c->scale);
+        for (float& x : f.decoded) x *= k;
+      }
+      f.acc->add(std::span<const float>(f.decoded), c->weight);
     }
   }
 

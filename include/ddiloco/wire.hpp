@@ -19,7 +19,8 @@
 //        8    8 fingerprint        Message::fingerprint
 //       16    4 learner            Message::learner
 //       20    4 fragment           Message::fragment
-//       24    8 version            Message::version (base version of a contribution)
+//       24    8 version            Message::version (base version of a contribution;
+//                                  a join's declared tokens per inner step, 0: unstated)
 //       32    8 sequence           Message::sequence
 //       40    8 step               Message::step
 //       48    8 steps              Message::steps  (int64, two's complement, >= 0)

@@ -105,6 +105,7 @@ int main(int argc, char** argv) try {
   c.sequence = state->sequence + 1;
   c.steps = 1;
   c.tokens = 64;
+  c.step = 1;  // one inner step since the join (at step 0): the syncer bounds steps by this advance
   c.payload = make_payload(std::vector<float>(plan.fragments()[0].numel, 0.0f));
   const std::vector<std::byte> valid = encode_frame(c, Codec::fp32);
 

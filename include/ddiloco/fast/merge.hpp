@@ -118,6 +118,12 @@ struct Contribution {
   /// then skips its norm pass for this element and trusts the payload as
   /// checked (an int8/int4 payload is not scanned again).
   std::span<const double> tensor_sq;
+  /// The contribution enters the merge as `scale` x v (finite, > 0; 1: as sent),
+  /// with no pass of its own: under RDA phi(c v) = phi(v), so only its radial
+  /// part changes (w c ||v_t|| instead of w ||v_t|| per tensor) and an
+  /// embedding tensor's share of the average is scaled by c. The syncer clips
+  /// an outsized contribution's norm this way (SyncerConfig::clip_factor).
+  double scale = 1.0;
 };
 
 /// Drop-in for ddiloco::RadialDirectional (same MergeRule, same maths, same edge
@@ -238,11 +244,15 @@ struct RadialDirectional {
                                                    " tensor norms but the layout has ", layout_.size(),
                                                    " tensors; pass one squared norm per tensor, or none"));
         }
+        if (!(std::isfinite(c.scale) && c.scale > 0.0)) {
+          throw InvalidArgument(ddiloco::detail::msg(name, "::add_batch: element ", k, " has scale = ", c.scale,
+                                                     "; it must be finite and > 0 (1: the contribution as sent)"));
+        }
         if (c.weight == 0.0) continue;
         // fp32 bytes (a received frame) are read as floats where they lie, when aligned.
         const float* values = floats ? c.values.data() : fp32_in_place(c.codec, c.bytes.data());
         items.push_back({values, values ? nullptr : c.bytes.data(), c.codec, c.weight,
-                         c.tensor_sq.empty() ? nullptr : c.tensor_sq.data(), k});
+                         c.tensor_sq.empty() ? nullptr : c.tensor_sq.data(), k, c.scale});
       }
       if (items.empty()) return;
       const std::size_t nt = layout_.size();
@@ -477,6 +487,7 @@ struct RadialDirectional {
       double weight;
       const double* sq;   // per tensor ||v_t||^2 when computed up front, else nullptr
       std::size_t index;  // position in the caller's batch (for messages)
+      double scale;       // Contribution::scale
     };
 
     /// Bytes per element of an item in memory.
@@ -532,7 +543,7 @@ struct RadialDirectional {
       });
       for (std::size_t b = 0; b < nb; ++b) {
         for (std::size_t t = g.first; t < g.last; ++t) {
-          double s = 1.0;  // embedding: running mean of v itself
+          double s = items[b].scale;  // embedding: running mean of (scale v) itself
           if (!layout_[t].embedding) {
             double sq = 0.0;
             if (items[b].sq) {
@@ -541,7 +552,7 @@ struct RadialDirectional {
               for (std::size_t p = 0; p < parts_; ++p) sq += partial[(p * nb + b) * nt + t];
             }
             const double norm = std::sqrt(sq);
-            weighted_norm_sum_[t] += items[b].weight * norm;            // sum w ||v||
+            weighted_norm_sum_[t] += items[b].weight * (items[b].scale * norm);  // sum w ||scale v||
             s = norm >= FLT_MIN ? static_cast<double>(static_cast<float>(1.0 / norm)) : 0.0;  // phi(0) = 0
           }
           alpha[b * nt + t] = static_cast<float>(items[b].weight * s / w_after);

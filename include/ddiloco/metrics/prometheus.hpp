@@ -193,6 +193,10 @@ class SyncerMetrics {
     deadline_merges_ = total("deadline_merges_total",
                              "Merges forced by the round deadline (with fewer than K contributions).");
     accepted_ = total("contributions_accepted_total", "Contributions accepted into a round.");
+    clipped_ = total("contributions_clipped_total",
+                     "Accepted contributions whose norm was clipped to clip_factor x the robust reference.");
+    capped_ = total("weights_capped_total",
+                    "Accepted contributions whose weight was capped at weight_cap_factor x the robust reference.");
     joins_ = total("joins_total", "Learner joins (a new incarnation of a learner id).");
     leaves_ = total("leaves_total", "Learners that left with a leave message.");
     deaths_ = total("deaths_total", "Learners declared dead after the heartbeat time-out.");
@@ -310,6 +314,8 @@ class SyncerMetrics {
     grace_waits_.set(s.grace_waits(), count);
     deadline_merges_.set(s.deadline_merges(), count);
     accepted_.set(s.contributions_accepted, count);
+    clipped_.set(s.contributions_clipped, count);
+    capped_.set(s.weights_capped, count);
     joins_.set(s.joins, count);
     leaves_.set(s.leaves, count);
     deaths_.set(s.deaths, count);
@@ -391,7 +397,7 @@ class SyncerMetrics {
   std::optional<detail::TransportSeries> transport_;  ///< registered at the first update with transport counters
   std::optional<BoundSeries> bounds_;                  ///< likewise, for a transport with memory-bound counters
   detail::TotalCounter merges_, grace_waits_, deadline_merges_, accepted_, joins_, leaves_, deaths_, in_, out_,
-      checkpoints_, joins_limited_, joins_full_, pruned_, rejoin_requests_;
+      checkpoints_, joins_limited_, joins_full_, pruned_, rejoin_requests_, clipped_, capped_;
   std::array<detail::TotalCounter, kRejectReasons> rejected_{};
   std::optional<detail::TotalCounter> auth_denied_, impersonations_, handshake_failures_;
   prometheus::Gauge* alive_ = nullptr;
