@@ -18,8 +18,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 root=$(cd "$(dirname "$0")/.." && pwd)
-for p in programs/ddiloco_syncer programs/ddiloco_learner programs/ddiloco_keygen; do
-  [ -x "$build/$p" ] || { echo "kill_loop.sh: $build/$p not built (cmake --build $build --target $(basename "$p"))" >&2; exit 1; }
+for name in ddiloco_syncer ddiloco_learner ddiloco_keygen; do
+  [ -x "$build/programs/$name" ] || { echo "kill_loop.sh: $build/programs/$name not built (cmake --build $build --target $name)" >&2; exit 1; }
 done
 KILLS=$kills SEED=$seed exec bash "$root/tests/multiprocess/kill_loop.sh" \
   "$build/programs/ddiloco_syncer" "$build/programs/ddiloco_learner" "$build/programs/ddiloco_keygen"

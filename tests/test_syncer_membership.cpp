@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <map>
 
 using namespace ddiloco;
 using namespace std::chrono_literals;
@@ -60,11 +61,12 @@ struct Rig {
     m.version = version;
     m.steps = 10;
     m.tokens = 100;
-    m.step = 10;
+    m.step = steps_so_far[id] += 10;  // an honest step counter: claims within its advance
     m.payload = make_payload(std::vector<float>(plan.fragments()[m.fragment].numel, 0.25f));
     return m;
   }
   std::size_t fragment_of_w() const { return plan.fragment_of(0); }
+  mutable std::map<LearnerId, std::uint64_t> steps_so_far;
 };
 
 std::uint64_t rejected(const AvgSyncer& s, RejectReason r) { return s.status().rejected[static_cast<std::size_t>(r)]; }

@@ -1089,6 +1089,7 @@ class Syncer {
       info.join_nonce = l.join_nonce;
       info.last_seen = now;
       info.alive = true;
+      info.contributed = true;
       learners_.emplace(l.id, info);
     }
     counters_ = SyncerStatus{};
@@ -1171,6 +1172,9 @@ class Syncer {
     TimePoint last_seen{0};
     bool alive = false;
     std::optional<std::pair<TimePoint, std::uint64_t>> last_contribution;  ///< (arrival, step) for xi_step
+    /// Has contributed in this incarnation (or was restored from a snapshot,
+    /// which keeps only learners that joined): counted by the participation share.
+    bool contributed = false;
     std::optional<TimePoint> last_join_answer;  ///< when a join was last answered with the full state
     std::optional<TimePoint> window_start;      ///< this id's join rate window ...
     std::size_t window_count = 0;               ///< ... and the answers in it
@@ -1277,7 +1281,7 @@ class Syncer {
   /// or peers that never contribute cannot shrink every merge.
   std::size_t contributing_count_locked() const {
     return static_cast<std::size_t>(std::count_if(learners_.begin(), learners_.end(), [](const auto& kv) {
-      return kv.second.alive && kv.second.last_contribution.has_value();
+      return kv.second.alive && kv.second.contributed;
     }));
   }
 
@@ -1452,6 +1456,7 @@ class Syncer {
                                     sequence_epoch_ << kSequenceEpochShift);
         l.join_nonce = m.sequence;
         l.last_contribution.reset();
+        l.contributed = false;
         l.tokens_per_step = m.version;  // the claims of this incarnation are bounded by its join
         // A learner asked to rejoin keeps its unsent progress (OuterLoop), so
         // its next contribution of a fragment may span steps from before this
@@ -1555,6 +1560,7 @@ class Syncer {
         if (step_time) *step_time = (now - l.last_contribution->first) / static_cast<Duration::rep>(steps);
       }
       l.last_contribution = std::make_pair(now, *step);
+      l.contributed = true;
     }
     return true;
   }
