@@ -15,6 +15,9 @@
 // BM_LearnerStepNothingDueZmq: OuterLoop::step with nothing due over a real
 // ZmqLearnerTransport joined to a Syncer served on loopback, the setting of
 // bench/python_step.py's Python Learner.step() (which drives this same OuterLoop).
+// BM_LearnerStepFragmentDueZmq: the same over one 2^20-float fragment with
+// P = 1, H = 2, tau = 1, a pair of steps (one send, one apply if arrived) per
+// iteration: python_step.py's due case.
 // What it is not: a latency benchmark.
 #include <benchmark/benchmark.h>
 
@@ -332,6 +335,66 @@ void BM_LearnerStepNothingDueZmq(benchmark::State& state) {
   runtime.stop();
 }
 
+/// Decoupled DiLoCo's due case, the C++ twin of bench/python_step.py's `due`:
+/// one fragment of 2^20 floats (P = 1, H = 2, tau = 1), the learner joined over
+/// ZeroMQ (plaintext, loopback, fp32 codec, size_for_plan on both sides, a
+/// Syncer + SyncerRuntime with its default 2 workers, as ddiloco.Syncer builds
+/// them). One iteration is a pair of steps: one sends the fragment (encoded
+/// into the ZeroMQ frame), the other applies the merged global if it has
+/// arrived (never waiting). 10 pairs per repetition, 15 repetitions: the
+/// Python side's 15 batches of 10 pairs.
+void BM_LearnerStepFragmentDueZmq(benchmark::State& state) {
+  constexpr std::size_t kN = std::size_t{1} << 20;
+  const std::vector<ddiloco::TensorSpec> specs{{"w", kN, false}};
+  const ddiloco::Plan plan = ddiloco::make_plan(specs, 1);
+  const std::vector<float> init(kN, 0.0f);
+  const ddiloco::SteadyClock clock;
+  ddiloco::SyncerConfig cfg;
+  cfg.quorum.overlap = 1;
+  ddiloco::Syncer<ddiloco::fast::RadialDirectional, ddiloco::NesterovSGD> syncer(plan, init, clock, cfg);
+  ddiloco::ZmqSyncerConfig sc;
+  sc.bind = "tcp://127.0.0.1:*";
+  sc.security = ddiloco::ZmqSecurity::plaintext();
+  sc.keep_contributions_encoded = true;
+  ddiloco::size_for_plan(sc, plan);
+  ddiloco::ZmqSyncerTransport served(sc, clock);
+  ddiloco::SyncerRuntime<decltype(syncer), ddiloco::ZmqSyncerTransport> runtime(syncer, served);
+  runtime.start();
+  ddiloco::ZmqLearnerConfig lcz;
+  lcz.connect = served.endpoint();
+  lcz.id = 1;
+  lcz.security = ddiloco::ZmqSecurity::plaintext();
+  lcz.codec = ddiloco::Codec::fp32;
+  ddiloco::size_for_plan(lcz, plan);
+  ddiloco::ZmqLearnerTransport link(lcz, clock);
+  ddiloco::OuterLoopConfig lc;
+  lc.id = 1;
+  lc.sync_every = 2;
+  lc.overlap = 1;
+  ddiloco::OuterLoop<ddiloco::ZmqLearnerTransport, std::span<float>> outer(plan, link, lc);
+  std::vector<float> storage(kN, 0.0f);
+  std::vector<std::span<float>> params{std::span<float>(storage.data(), kN)};
+  try {
+    outer.join(params);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    runtime.stop();
+    return;
+  }
+  std::size_t sent = 0, applied = 0;
+  for (auto _ : state) {
+    const auto a = outer.step(params, 1);
+    const auto b = outer.step(params, 1);
+    sent += (a.sent ? 1 : 0) + (b.sent ? 1 : 0);
+    applied += a.applied + b.applied;
+  }
+  state.counters["sent"] = static_cast<double>(sent);
+  state.counters["applied"] = static_cast<double>(applied);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+  outer.leave();
+  runtime.stop();
+}
+
 void sizes(benchmark::internal::Benchmark* b) {
   b->Arg(1 << 20)->Arg(16 << 20)->UseRealTime()->Unit(benchmark::kMillisecond);
 }
@@ -350,5 +413,6 @@ BENCHMARK(BM_syncer_send_merged)
 
 // 60000 steps, 15 repetitions: the median is what bench/python_step.py compares with.
 BENCHMARK(BM_LearnerStepNothingDueZmq)->Iterations(60000)->Repetitions(15)->Unit(benchmark::kNanosecond);
+BENCHMARK(BM_LearnerStepFragmentDueZmq)->Iterations(10)->Repetitions(15)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -5,7 +5,10 @@
 
 With --cpp, the C++ twin BM_LearnerStepNothingDueZmq (bench_transport: the same
 OuterLoop, tensors and ZeroMQ syncer on loopback, 15 repetitions) runs first and
-the ratio of the two medians is printed (target: Python within 10% of C++).
+the ratio of the two medians is printed (target: Python within 10% of C++); after
+the due case, its twin BM_LearnerStepFragmentDueZmq (the same fragment, P, H,
+tau, codec and syncer, 15 repetitions of 10 pairs of steps) runs and that ratio
+is printed too.
 bench_syncer's BM_LearnerStepNothingDue is the same step over the in-process
 transport (no ZeroMQ drain).
 
@@ -17,7 +20,8 @@ other step sends it (fp32, encoded into the ZeroMQ frame) and the steps between
 apply the merged global if it has arrived (never waiting); the median per pair
 of steps, with the sends and applies counted.
 The C++ side of the send is bench_syncer's BM_LearnerSendPath (over an
-in-process framing transport instead of ZeroMQ).
+in-process framing transport instead of ZeroMQ); over ZeroMQ it is
+bench_transport's BM_LearnerStepFragmentDueZmq.
 """
 import argparse
 import json
@@ -58,20 +62,35 @@ def nothing_due(cpu=None):
     return med, best
 
 
-def cpp_nothing_due(binary):
-    """Median and minimum ns per step of BM_LearnerStepNothingDueZmq over its repetitions."""
+_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+
+
+def cpp_bench(binary, name):
+    """Median and minimum real ns per iteration, and median CPU ns, of bench_transport's `name`
+    over its repetitions, with the last repetition's counters."""
     if not os.access(binary, os.X_OK):
         raise SystemExit(f"--cpp {binary} is not an executable; build it: cmake --build build --target bench_transport")
-    r = subprocess.run([binary, "--benchmark_filter=BM_LearnerStepNothingDueZmq", "--benchmark_format=json"],
+    r = subprocess.run([binary, f"--benchmark_filter=^{name}(/|$)", "--benchmark_format=json"],
                        capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"{binary} failed ({r.returncode}): {r.stderr.strip()[-500:]}")
     runs = [b for b in json.loads(r.stdout)["benchmarks"] if b.get("run_type") == "iteration"]
     if not runs:
-        raise SystemExit(f"{binary} ran no BM_LearnerStepNothingDueZmq; is it bench_transport built from this tree?")
-    real = [b["real_time"] for b in runs]  # ns (the benchmark's unit)
-    cpu = [b["cpu_time"] for b in runs]
-    return statistics.median(real), min(real), statistics.median(cpu)
+        raise SystemExit(f"{binary} ran no {name}; is it bench_transport built from this tree?")
+    real = [b["real_time"] * _NS[b.get("time_unit", "ns")] for b in runs]
+    cpu = [b["cpu_time"] * _NS[b.get("time_unit", "ns")] for b in runs]
+    return statistics.median(real), min(real), statistics.median(cpu), runs[-1]
+
+
+def cpp_nothing_due(binary):
+    """Median and minimum ns per step of BM_LearnerStepNothingDueZmq over its repetitions."""
+    return cpp_bench(binary, "BM_LearnerStepNothingDueZmq")[:3]
+
+
+def cpp_fragment_due(binary):
+    """Median and minimum ns per pair of steps of BM_LearnerStepFragmentDueZmq (2^20 floats,
+    P = 1, H = 2, tau = 1: the `due` setting below) over its repetitions, and its counters."""
+    return cpp_bench(binary, "BM_LearnerStepFragmentDueZmq")
 
 
 def binding_call(ln):
@@ -81,7 +100,7 @@ def binding_call(ln):
     return med
 
 
-def due(n):
+def due(n, cpu=None):
     params = [("w", torch.zeros(n))]
     with ddiloco.Syncer(params, plaintext=True, fragments=1, overlap=1) as s:
         with ddiloco.Learner(params, endpoint=s.endpoint, id=1, plaintext=True, fragments=1, sync_every=2,
@@ -89,7 +108,7 @@ def due(n):
             def pair():
                 ln.step(1)
                 ln.step(1)
-            med, best = per_call(pair, 10, batches=15)
+            med, best = per_call(pair, 10, batches=15, cpu=cpu)
             st = ln.status()
             assert st["sends"] > 0
     return med, best, st
@@ -126,11 +145,26 @@ def main():
         figures.update(ratio_python_over_cpp=med / c_med, ratio_cpu=cpu[0] / c_cpu)
         print(f"Python / C++: wall median {med / c_med:.2f}, CPU median {cpu[0] / c_cpu:.2f} (target <= 1.10); "
               f"difference {(med - c_med):.0f} ns wall, {(cpu[0] - c_cpu):.0f} ns CPU per step")
-    med, best, st = due(a.due_floats)
+    due_cpu = []
+    med, best, st = due(a.due_floats, due_cpu)
     print(f"two steps, one sending a {a.due_floats}-float fragment, the other applying the global if it has "
-          f"arrived: median {med / 1e6:.3f} ms, best batch {best / 1e6:.3f} ms "
+          f"arrived: median {med / 1e6:.3f} ms, best batch {best / 1e6:.3f} ms, CPU {due_cpu[0] / 1e6:.3f} ms "
           f"({st['sends']} sends, {st['applies'] - 1} applies)")
-    figures.update(due_pair_median_ns=med, due_floats=a.due_floats)
+    figures.update(due_pair_median_ns=med, due_pair_best_ns=best, due_pair_cpu_median_ns=due_cpu[0],
+                   due_floats=a.due_floats)
+    if a.cpp:
+        if a.due_floats != 1 << 20:
+            print(f"(C++ fragment-due twin not compared: it runs 2^20 floats, not {a.due_floats})")
+        else:
+            d_med, d_best, d_cpu, last = cpp_fragment_due(a.cpp)
+            figures.update(cpp_due_pair_median_ns=d_med, cpp_due_pair_best_ns=d_best, cpp_due_pair_cpu_ns=d_cpu,
+                           ratio_due_python_over_cpp=med / d_med, ratio_due_cpu=due_cpu[0] / d_cpu)
+            print(f"C++ OuterLoop::step pair, same fragment (BM_LearnerStepFragmentDueZmq): median {d_med / 1e6:.3f} ms, "
+                  f"best repetition {d_best / 1e6:.3f} ms, CPU {d_cpu / 1e6:.3f} ms "
+                  f"(last repetition: {last.get('sent', 0):.0f} sends, {last.get('applied', 0):.0f} applies)")
+            print(f"Python / C++ fragment due: wall median {med / d_med:.2f}, CPU median {due_cpu[0] / d_cpu:.2f} "
+                  f"(target <= 1.10); difference {(med - d_med) / 1e3:.0f} us wall, "
+                  f"{(due_cpu[0] - d_cpu) / 1e3:.0f} us CPU per pair")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(figures, f, indent=1)
