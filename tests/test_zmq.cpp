@@ -885,12 +885,22 @@ TEST_CASE("A learner cuts a syncer frame over its largest legal frame and refuse
   const auto back = learner.receive_until(steady.now() + 10s);
   REQUIRE(back.has_value());
   CHECK(back->version == 10);
+  // A rejoin request (no payload) is a type a learner receives.
+  Message rejoin;
+  rejoin.type = MessageType::rejoin;
+  rejoin.fingerprint = 7;
+  rejoin.learner = 3;
+  REQUIRE(syncer.send_to(3, std::move(rejoin)));
+  const auto asked = learner.receive_until(steady.now() + 10s);
+  REQUIRE(asked.has_value());
+  CHECK(asked->type == MessageType::rejoin);
+  CHECK(learner.counters().wrong_direction == 1);
   // One element more than the plan's largest fragment: ZeroMQ drops the
   // connection (a protocol error: it does not reconnect to that syncer).
   REQUIRE(syncer.send_to(3, global_of(11)));
   REQUIRE(eventually([&] { return learner.link_events().disconnects >= 1; }));
   CHECK_FALSE(learner.try_receive().has_value());
-  CHECK(learner.counters().frames_in == 2);  // the contribution and the legal one; the oversized never arrived
+  CHECK(learner.counters().frames_in == 3);  // the contribution, the legal global and the rejoin; the oversized never arrived
 }
 
 TEST_CASE("A connection that has not read for slow_peer_timeout is not heard from until it reads again",

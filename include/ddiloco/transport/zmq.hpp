@@ -921,7 +921,7 @@ class ZmqSyncerTransport {
         ++counters_.frames_in;
         counters_.bytes_in += bytes.size();
         // A type a syncer never receives (full_state, global_fragment,
-        // join_refused) is refused on its header byte, before any decoding.
+        // join_refused, rejoin) is refused on its header byte, before any decoding.
         if (!extra && bytes.size() >= kFrameHeaderSize && !syncer_receives(bytes[detail::frame_offset::type])) {
           ++counters_.wrong_direction;
           ++counters_.decode_errors;
@@ -970,7 +970,8 @@ class ZmqSyncerTransport {
 
   static bool syncer_receives(std::byte type) noexcept {
     const auto t = static_cast<MessageType>(std::to_integer<std::uint8_t>(type));
-    return t != MessageType::full_state && t != MessageType::global_fragment && t != MessageType::join_refused;
+    return t != MessageType::full_state && t != MessageType::global_fragment && t != MessageType::join_refused &&
+           t != MessageType::rejoin;
   }
 
   /// The route of learner `id`, made if new; evicts the least recently heard
@@ -1384,11 +1385,12 @@ class ZmqLearnerTransport {
       const std::span<const std::byte> bytes(static_cast<const std::byte*>(zmq_msg_data(&body)), zmq_msg_size(&body));
       ++counters_.frames_in;
       counters_.bytes_in += bytes.size();
-      // A learner receives only full_state, global_fragment and join_refused:
-      // anything else is refused on its header byte, before decoding.
+      // A learner receives only full_state, global_fragment, join_refused and
+      // rejoin: anything else is refused on its header byte, before decoding.
       if (bytes.size() >= kFrameHeaderSize) {
         const auto t = static_cast<MessageType>(std::to_integer<std::uint8_t>(bytes[detail::frame_offset::type]));
-        if (t != MessageType::full_state && t != MessageType::global_fragment && t != MessageType::join_refused) {
+        if (t != MessageType::full_state && t != MessageType::global_fragment && t != MessageType::join_refused &&
+            t != MessageType::rejoin) {
           zmq_msg_close(&body);
           ++counters_.wrong_direction;
           ++counters_.decode_errors;
