@@ -668,6 +668,13 @@ class RobustReference {
     return *mid;
   }
 
+  /// Learner `id`'s recent maximum; nullopt if it has no entry.
+  [[nodiscard]] std::optional<double> recent_max(LearnerId id) const {
+    auto it = std::find_if(entries_.begin(), entries_.end(), [id](const Entry& e) { return e.id == id; });
+    if (it == entries_.end()) return std::nullopt;
+    return *std::max_element(it->values.begin(), it->values.end());
+  }
+
   [[nodiscard]] std::size_t learners() const noexcept { return entries_.size(); }
   void clear() noexcept { entries_.clear(); }
 
@@ -1746,7 +1753,13 @@ class Syncer {
     const bool warm = f.norm_samples >= config_.norm_warmup;
     std::optional<double> norm_ref = warm ? f.norm_ref.median() : std::nullopt;
     if (norm_ref && !(*norm_ref > 0.0)) norm_ref.reset();
-    if (norm_ref && c.norm > config_.norm_outlier_factor * *norm_ref) {
+    // Rejection is against the larger of the reference and this learner's own
+    // recent (accepted, clipped) maximum: honest learners on different data
+    // differ by large factors late in training (with two learners the
+    // reference is the smaller one's), and clipping below bounds the influence
+    // of whatever is accepted; a jump far above both is still refused.
+    const double outlier_ref = norm_ref ? std::max(*norm_ref, f.norm_ref.recent_max(m.learner).value_or(0.0)) : 0.0;
+    if (norm_ref && c.norm > config_.norm_outlier_factor * outlier_ref) {
       ++f.rejected_norm;
       count_tally(m, RejectReason::norm_outlier);
       return false;

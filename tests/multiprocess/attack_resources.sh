@@ -40,7 +40,7 @@ attack_phase() {
 }
 
 SYNCER_FLAGS=(--plaintext)
-# Open (issue #14): in plaintext, ids are unauthenticated, and a flood of fresh
+# Open: in plaintext, ids are unauthenticated, and a flood of fresh
 # ids is answered within the join rate limits and counted alive until the
 # heartbeat time-out, so rounds wait their grace window for ids that never
 # contribute: memory stays bounded (79.5 MiB of 331) but honest merges fell to
