@@ -286,3 +286,48 @@ TEST_CASE("Synchronous data-parallel (H = 1, tau = 0, lock-step) syncs at every 
   }
   CHECK(r.syncer.quorum_sizes.at(4) == r.syncer.merges);
 }
+
+// ---- Pull rounds (SyncerConfig::round = pull; docs/algorithm.md, "Round timeline") ----
+
+namespace {
+ClusterConfig pulled(ClusterConfig c) {
+  c.outer.round = RoundMode::pull;
+  c.syncer.round = RoundMode::pull;
+  c.syncer.sync_every = c.outer.sync_every;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("Pull rounds at M = 16 with four 2x stragglers merge each fragment once per H global steps with most "
+          "learners, and reject nothing",
+          "[cluster][pull]") {
+  ClusterConfig c = pulled(decoupled(16));
+  for (LearnerId id = 12; id < 16; ++id) c.tape.add(Slowdown{id, 2.0, 0, std::nullopt});
+  const std::size_t P = 2;
+  const auto r = Cluster(quad_plan(P), c, factory(16)).run_virtual();
+  REQUIRE_FALSE(r.timed_out);
+  const std::uint64_t t = r.syncer.global_step, H = c.outer.sync_every;
+  INFO("global step " << t << ", merges " << r.syncer.merges << ", mean quorum " << r.syncer.mean_quorum_size()
+                      << ", " << r.syncer.line());
+  REQUIRE(t > 20 * H);
+  for (std::size_t p = 0; p < P; ++p) {
+    INFO("fragment " << p << ": " << r.syncer.fragments[p].merges << " merges");
+    CHECK(r.syncer.fragments[p].merges + 1 >= t / H);
+    CHECK(r.syncer.fragments[p].merges <= t / H + 1);
+  }
+  CHECK(r.syncer.mean_quorum_size() >= 0.75 * 16);
+  CHECK(r.syncer.rejected_total() == 0);
+  CHECK(r.syncer.pull_timeouts == 0);
+  CHECK(distance_to_optimum(r.global) < 0.05);
+}
+
+TEST_CASE("Push rounds at M = 16 with four 2x stragglers reject no honest contribution as stale", "[cluster][push]") {
+  ClusterConfig c = decoupled(16);
+  c.syncer.sync_every = c.outer.sync_every;
+  for (LearnerId id = 12; id < 16; ++id) c.tape.add(Slowdown{id, 2.0, 0, std::nullopt});
+  const auto r = Cluster(quad_plan(2), c, factory(16)).run_virtual();
+  REQUIRE_FALSE(r.timed_out);
+  INFO(r.syncer.line());
+  CHECK(r.syncer.rejected[static_cast<std::size_t>(RejectReason::stale)] == 0);
+  CHECK(r.syncer.rejected_total() == 0);
+}

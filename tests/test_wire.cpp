@@ -33,7 +33,8 @@ constexpr MessageType all_types[] = {MessageType::join,           MessageType::f
                                      MessageType::contribution,   MessageType::global_fragment,
                                      MessageType::heartbeat,      MessageType::leave,
                                      MessageType::join_refused,   MessageType::observe,
-                                     MessageType::rejoin};
+                                     MessageType::rejoin,         MessageType::metadata,
+                                     MessageType::pull};
 
 bool carries_payload(MessageType t) {
   return t == MessageType::full_state || t == MessageType::contribution || t == MessageType::global_fragment;
@@ -288,6 +289,22 @@ TEST_CASE("a rejoin request is framed without a payload as type 9 and a rejoin w
   CHECK_THROWS_AS(ddiloco::encode_frame(m, Codec::fp32), ddiloco::InvalidArgument);
 }
 
+TEST_CASE("pull rounds' metadata (type 10) and pull (type 11) are one header each and refuse a payload", "[wire]") {
+  for (const auto& [type, raw] : {std::pair{MessageType::metadata, 10}, std::pair{MessageType::pull, 11}}) {
+    Message m = sample(type, 0);
+    const Bytes f = ddiloco::encode_frame(m, Codec::fp32);
+    CHECK(f.size() == ddiloco::kFrameHeaderSize);
+    CHECK(get(f, 6, 1) == static_cast<std::uint64_t>(raw));
+    const auto r = ddiloco::decode_frame(f);
+    REQUIRE(r.ok());
+    require_same_header(m, r.value());
+    m.payload = ddiloco::make_payload({1.0f});
+    CHECK_THROWS_AS(ddiloco::encode_frame(m, Codec::fp32), ddiloco::InvalidArgument);
+  }
+  CHECK(ddiloco::to_string(MessageType::metadata) == "metadata");
+  CHECK(ddiloco::to_string(MessageType::pull) == "pull");
+}
+
 TEST_CASE("an error-feedback payload is framed as is and decodes to its dequantised values", "[wire]") {
   const Message m = sample(MessageType::contribution, 200);
   ddiloco::ErrorFeedbackEncoder ef(Codec::int4);
@@ -443,7 +460,7 @@ TEST_CASE("each WireError is provoked by a crafted frame and counted once", "[wi
     cases.emplace_back(WireError::header_checksum, f);
   }
   cases.emplace_back(WireError::bad_type, crafted([](Bytes& f) { put(f, 6, 0, 1); }));
-  cases.emplace_back(WireError::bad_type, crafted([](Bytes& f) { put(f, 6, 10, 1); }));
+  cases.emplace_back(WireError::bad_type, crafted([](Bytes& f) { put(f, 6, 12, 1); }));  // the last is pull = 11
   cases.emplace_back(WireError::bad_codec, crafted([](Bytes& f) { put(f, 7, 5, 1); }));
   cases.emplace_back(WireError::bad_codec, crafted([](Bytes& f) { put(f, 7, 255, 1); }));
   cases.emplace_back(WireError::bad_counters, crafted([](Bytes& f) { put(f, 48, ~0ULL, 8); }));  // steps = -1
@@ -470,7 +487,7 @@ TEST_CASE("each WireError is provoked by a crafted frame and counted once", "[wi
     put(f, 20, 0, 4);  // reason 0 is no JoinRefusal
     reseal(f);
     cases.emplace_back(WireError::bad_reason, f);
-    put(f, 20, 6, 4);  // nor is 6 (the last is JoinRefusal::tokens_per_step = 5)
+    put(f, 20, 7, 4);  // nor is 7 (the last is JoinRefusal::round_mode = 6)
     reseal(f);
     cases.emplace_back(WireError::bad_reason, f);
   }

@@ -1,6 +1,6 @@
 // ddiloco/message.hpp: what learners and the syncer say to each other.
 //
-// What it is: the in-memory form of the protocol's nine messages and the
+// What it is: the in-memory form of the protocol's eleven messages and the
 // transport concepts that carry them. Every transport (in-process queues,
 // ZeroMQ) moves `Message` values; the wire encoding lives elsewhere.
 // What it is not: a serialisation format, nor a transport.
@@ -37,7 +37,16 @@
 //                                      join). Rate limited per id; no payload, `sequence` 0.
 //                                      The learner joins with a fresh nonce and keeps its
 //                                      parameters and its unsent progress.
-// A join states the learner's schedule: `steps` = H, `tokens` = tau (0, 0: unstated), its
+//   learner -> syncer  metadata        pull rounds, every inner step, never waited for: `step` = the
+//                                      learner's inner step counter t_m, `tokens` = tokens processed
+//                                      since it joined. No payload (one 88-byte frame). A newer one
+//                                      supersedes an older one, so a transport may coalesce them.
+//   syncer  -> learner pull            pull rounds: "send me fragment `fragment` now" (`version` =
+//                                      the syncer's version of it, the round's anchor). The learner
+//                                      answers with a contribution at its next step boundary, from
+//                                      its training loop, never blocking it.
+// A join states the learner's schedule: `steps` = H, `tokens` = tau (0, 0: unstated), in
+// `fragment` its RoundMode (0: unstated, a learner predating pull rounds: push), its
 // inner step counter in `step`, and in `version` the most tokens one of its inner steps
 // processes (its batch in tokens; 0: unstated). The syncer bounds every later contribution
 // by them (docs/algorithm.md, "Validation and staleness"): `steps` by the advance of `step`
@@ -73,7 +82,31 @@ enum class MessageType : std::uint8_t {
   join_refused = 7,
   observe = 8,
   rejoin = 9,
+  metadata = 10,
+  pull = 11,
 };
+
+/// Who decides when a fragment is merged (docs/algorithm.md, "Round timeline").
+/// Stable numbering: it travels in a join (Message::fragment).
+enum class RoundMode : std::uint8_t {
+  /// Each learner pushes its outer gradient at its own slot of the schedule;
+  /// the syncer merges what has arrived once the quorum and grace window say
+  /// so (our first protocol, kept for comparison).
+  push = 1,
+  /// The paper's round: learners send metadata every step; the syncer keeps
+  /// the global step, opens fragment p's round at its slot, waits for the
+  /// quorum of learners that have progress on p and the grace window, pulls p
+  /// from every such learner and merges once per H global steps.
+  pull = 2,
+};
+
+constexpr std::string_view to_string(RoundMode r) noexcept {
+  switch (r) {
+    case RoundMode::push: return "push";
+    case RoundMode::pull: return "pull";
+  }
+  return "unknown";
+}
 
 constexpr std::string_view to_string(MessageType t) noexcept {
   switch (t) {
@@ -86,6 +119,8 @@ constexpr std::string_view to_string(MessageType t) noexcept {
     case MessageType::join_refused: return "join_refused";
     case MessageType::observe: return "observe";
     case MessageType::rejoin: return "rejoin";
+    case MessageType::metadata: return "metadata";
+    case MessageType::pull: return "pull";
   }
   return "unknown";
 }
@@ -100,9 +135,11 @@ enum class JoinRefusal : std::uint8_t {
   /// the join declares more tokens per inner step than the syncer's bound
   /// (SyncerConfig::max_tokens_per_step, `version` = that bound)
   tokens_per_step = 5,
+  /// another round mode (push or pull) than the syncer's (`version` = the syncer's RoundMode)
+  round_mode = 6,
 };
 
-constexpr bool is_valid_join_refusal(std::uint32_t raw) noexcept { return raw >= 1 && raw <= 5; }
+constexpr bool is_valid_join_refusal(std::uint32_t raw) noexcept { return raw >= 1 && raw <= 6; }
 
 namespace detail {
 /// A plan fingerprint as the programs print it: 16 hex digits.
@@ -120,6 +157,7 @@ constexpr std::string_view to_string(JoinRefusal r) noexcept {
     case JoinRefusal::identity: return "identity";
     case JoinRefusal::full: return "full";
     case JoinRefusal::tokens_per_step: return "tokens_per_step";
+    case JoinRefusal::round_mode: return "round_mode";
   }
   return "unknown";
 }

@@ -79,6 +79,13 @@ struct OuterLoopConfig {
   /// this (docs/algorithm.md, "Validation and staleness"), and step() refuses
   /// more. 0: not declared (the syncer's --max-tokens-per-step bounds it, if set).
   std::uint64_t tokens_per_step = 0;
+  /// Who decides when a fragment is sent (RoundMode; the syncer's --round must
+  /// match, a join is refused otherwise). push: this learner sends fragment p
+  /// at its slots of the schedule. pull: it sends metadata (its step counter
+  /// and tokens) after every step, and fragment p when the syncer pulls it, at
+  /// the next step boundary; the global is applied tau steps after the answer
+  /// (or on arrival, if later; at once if this learner was not pulled).
+  RoundMode round = RoundMode::push;
 };
 
 /// One global fragment a step applied: which, its version, and the values
@@ -115,6 +122,8 @@ struct OuterLoopStatus {
   std::uint64_t lock_step_waits = 0;
   std::uint64_t lock_step_timeouts = 0;
   std::uint64_t rejoins = 0;            ///< joins again asked for by the syncer (MessageType::rejoin)
+  std::uint64_t pulls = 0;              ///< pull requests received (pull rounds)
+  std::uint64_t metadata_sent = 0;      ///< metadata messages sent (pull rounds: one per step)
   std::uint64_t bytes_sent = 0;
   /// Per apply after a send: versions the fragment's global moved between the
   /// base the sent outer gradient was computed from and the global applied
@@ -270,6 +279,8 @@ class OuterLoop {
     join_sequence_.reset();
     join_received_ = 0;
     pending_.clear();
+    pulls_.clear();
+    arrived_.clear();
     for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false, {}, 0};
     send_join();
   }
@@ -316,10 +327,27 @@ class OuterLoop {
     // applying first would discard this step's progress and leave nothing to
     // send, so a lock-step learner synced only every other step. With tau >= 1
     // a fragment is never due for both in one step, so the order is moot.
-    if (auto p = schedule_.due_at(step_); p && !rejoining_) {  // rejoining: progress kept for the next send
+    if (config_.round == RoundMode::pull) {
+      // Answer the syncer's pulls; one with no progress yet (or refused by the
+      // transport) is answered at the next step that has some.
+      for (std::size_t i = 0; i < pulls_.size() && !rejoining_;) {
+        if (send_fragment(pulls_[i], params)) {
+          report.sent = pulls_[i];
+          pulls_.erase(pulls_.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+    } else if (auto p = schedule_.due_at(step_); p && !rejoining_) {  // rejoining: progress kept for the next send
       if (send_fragment(*p, params)) report.sent = *p;
     }
     report.applied = apply_due(params, report);
+    if (config_.round == RoundMode::pull) {
+      Message meta = header(MessageType::metadata);
+      meta.tokens = static_cast<std::int64_t>(tokens_total_ & 0x7fffffffffffffffULL);
+      send(std::move(meta));
+      ++status_.metadata_sent;
+    }
     maybe_heartbeat();
     return report;
   }
@@ -474,6 +502,7 @@ class OuterLoop {
     m.steps = static_cast<std::int64_t>(config_.sync_every);  // the schedule, checked by a syncer that knows it
     m.tokens = static_cast<std::int64_t>(config_.overlap);
     m.version = config_.tokens_per_step;  // bounds this learner's token claims at the syncer (0: unstated)
+    m.fragment = static_cast<std::uint32_t>(config_.round);  // checked against the syncer's --round
     send(std::move(m));
   }
 
@@ -509,6 +538,16 @@ class OuterLoop {
       ++status_.rejoins;
       join_nonce_ = detail::join_nonce(config_.id, step_, transport_->clock().now());
       send_join();
+      return;
+    }
+    if (m.type == MessageType::pull) {
+      if (!joined_ || config_.round != RoundMode::pull || m.learner != config_.id ||
+          m.fingerprint != plan_->fingerprint() || m.fragment >= frags_.size()) {
+        ++status_.ignored;
+        return;
+      }
+      ++status_.pulls;
+      if (std::find(pulls_.begin(), pulls_.end(), m.fragment) == pulls_.end()) pulls_.push_back(m.fragment);
       return;
     }
     const bool global = m.type == MessageType::global_fragment || m.type == MessageType::full_state;
@@ -556,6 +595,11 @@ class OuterLoop {
     f.latest_version = m.version;
     f.global = f.latest;
     f.global_version = m.version;
+    // Pull rounds: a global for a fragment this learner has no answer out for
+    // (it was not pulled, or its answer's result came already) is applied at
+    // the next step; one it answered waits for answer + tau (apply_due).
+    if (config_.round == RoundMode::pull && std::find(arrived_.begin(), arrived_.end(), m.fragment) == arrived_.end())
+      arrived_.push_back(m.fragment);
   }
 
   /// The message of a refused join: what the syncer has, what this learner has, the fix.
@@ -577,6 +621,12 @@ class OuterLoop {
                          config_.tokens_per_step, " tokens per inner step but the syncer allows at most ", m.version,
                          " (--max-tokens-per-step); use a smaller batch or raise the syncer's bound");
     }
+    if (theirs == JoinRefusal::round_mode) {
+      return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id, ": it runs ",
+                         to_string(static_cast<RoundMode>(m.version)), " rounds but this learner runs ",
+                         to_string(config_.round), " rounds; start the learner with the syncer's --round (",
+                         to_string(static_cast<RoundMode>(m.version)), ")");
+    }
     if (theirs == JoinRefusal::schedule) {
       return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id, ": it runs H = ", m.steps,
                          " (sync every), tau = ", m.tokens, " (overlap) but this learner runs H = ",
@@ -594,6 +644,15 @@ class OuterLoop {
   /// Applies every pending fragment whose time has come and whose result is here.
   std::size_t apply_due(std::span<T> params, StepReport& report, bool may_block = true) {
     std::size_t applied = 0;
+    for (std::size_t p : arrived_) {  // pull rounds only (on_message)
+      auto& f = frags_[p];
+      if (f.sent_at || !f.has_newer()) continue;  // an answer is out: applied at answer + tau below
+      status_.staleness_versions.observe(static_cast<double>(f.latest_version - f.base_version));
+      report.applied_fragments.push_back({p, f.latest_version, f.latest});
+      apply(p, params, /*mix=*/true);
+      ++applied;
+    }
+    arrived_.clear();
     for (std::size_t i = 0; i < pending_.size();) {
       const std::size_t p = pending_[i];
       auto& f = frags_[p];
@@ -766,6 +825,8 @@ class OuterLoop {
   Schedule schedule_;
   std::vector<FragmentState> frags_;
   std::vector<std::size_t> pending_;  ///< fragments sent and awaiting their result
+  std::vector<std::size_t> pulls_;    ///< pull rounds: fragments the syncer pulled, not yet answered
+  std::vector<std::size_t> arrived_;  ///< pull rounds: fragments whose newer global came since the last step
   std::vector<float> local_;
   FragmentApplier<T> applier_;
   std::shared_ptr<std::byte[]> encoded_buffer_;  ///< the last encoded contribution (see encode_outer_gradient)

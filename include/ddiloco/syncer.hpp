@@ -53,6 +53,7 @@
 #include <concepts>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -74,6 +75,7 @@
 #include <ddiloco/message.hpp>
 #include <ddiloco/outer_optimizer.hpp>
 #include <ddiloco/quorum.hpp>
+#include <ddiloco/schedule.hpp>
 
 namespace ddiloco {
 
@@ -224,6 +226,23 @@ struct SyncerConfig {
   /// (H, or tau other than quorum.overlap) is refused with JoinRefusal::schedule;
   /// a join that states none (a learner predating the check) is taken. 0: not checked.
   std::size_t sync_every = 0;
+  /// Who decides when a fragment merges (RoundMode). `pull`, the paper's round,
+  /// needs sync_every (H): the syncer keeps the global step t (the furthest any
+  /// alive learner has trained, each learner's steps counted from the global
+  /// step at its join), opens fragment p's round at the steps where
+  /// Schedule(P, H, tau) has p due, waits for the quorum of learners with
+  /// progress on p (K, then the grace window), pulls p from each of them and
+  /// merges their answers once (docs/algorithm.md, "Round timeline"). A join
+  /// stating another mode is refused (JoinRefusal::round_mode).
+  RoundMode round = RoundMode::push;
+  /// Pull rounds: the longest the syncer waits for the answers to a round's
+  /// pulls before merging those that are in (a learner answers at its next
+  /// step boundary; one that died or whose answer was lost is not waited for
+  /// longer). Answers arriving later are merged in the fragment's next round.
+  /// 0 derives it per fragment: 2 (tau + 1) x the inner-step time the wait
+  /// policy has measured, at least 1 ms, at most quorum.deadline (which it is
+  /// until a step time is known).
+  Duration pull_timeout = Duration{0};
   /// Observers (MessageType::observe): each id is answered at most once per
   /// `observe_interval`, and all ids together at most `observe_burst` times
   /// per interval; other requests are dropped and counted (observes_limited).
@@ -326,6 +345,15 @@ inline void validate(const SyncerConfig& c) {
   if (c.max_tokens_per_step > (std::uint64_t{1} << 40))
     throw InvalidArgument(detail::msg("SyncerConfig::max_tokens_per_step = ", c.max_tokens_per_step,
                                       " is above 2^40; use the largest batch in tokens of any learner, or 0"));
+  if (c.round != RoundMode::push && c.round != RoundMode::pull)
+    throw InvalidArgument(detail::msg("SyncerConfig::round = ", static_cast<int>(c.round),
+                                      " is not a RoundMode; use push or pull"));
+  if (c.round == RoundMode::pull && c.sync_every == 0)
+    throw InvalidArgument("SyncerConfig::round = pull needs sync_every (H, the learners' --sync-every): the "
+                          "syncer opens each fragment's round at its slot of the schedule");
+  if (c.pull_timeout < Duration{0})
+    throw InvalidArgument(detail::msg("SyncerConfig::pull_timeout = ", c.pull_timeout.count(),
+                                      " ns must be >= 0 (0: derived from the step time)"));
   if (c.max_steps_per_contribution > (std::uint64_t{1} << 40))
     throw InvalidArgument(detail::msg("SyncerConfig::max_steps_per_contribution = ", c.max_steps_per_contribution,
                                       " is above 2^40; use a few times H, or 0 to derive it from sync_every"));
@@ -354,6 +382,8 @@ struct RefusedRequest {
   std::uint64_t our_fingerprint = 0;  ///< the syncer's
   std::uint64_t our_sync_every = 0;
   std::uint64_t our_overlap = 0;
+  std::uint32_t round = 0;      ///< the request's RoundMode (0: not stated)
+  RoundMode our_round = RoundMode::push;
   std::uint64_t suppressed = 0;  ///< refusals not recorded (rate limit) just before this one
 
   /// One line for a log, e.g. "refused join from learner 3: plan fingerprint
@@ -368,6 +398,9 @@ struct RefusedRequest {
         : reason == JoinRefusal::tokens_per_step
             ? detail::msg("declared ", tokens_per_step, " tokens per inner step, above our bound ",
                           our_max_tokens_per_step, " (--max-tokens-per-step)")
+        : reason == JoinRefusal::round_mode
+            ? detail::msg("round mode ", to_string(static_cast<RoundMode>(round)), " differs from ours ",
+                          to_string(our_round), " (--round)")
             : detail::msg("schedule H = ", sync_every, ", tau = ", overlap, " differs from ours H = ",
                           our_sync_every, ", tau = ", our_overlap);
     return detail::msg("refused ", to_string(type), " from learner ", learner, ": ", why,
@@ -435,6 +468,15 @@ struct SyncerStatus {
   /// reference (SyncerConfig). Since this Syncer was constructed (not checkpointed).
   std::uint64_t contributions_clipped = 0;
   std::uint64_t weights_capped = 0;
+  /// Pull rounds (RoundMode::pull), since this Syncer was constructed: the
+  /// global step t, rounds opened, pull requests sent, rounds merged at the
+  /// pull time-out with answers missing, and rounds closed without a merge
+  /// (no accepted answer).
+  std::uint64_t global_step = 0;
+  std::uint64_t pull_rounds = 0;
+  std::uint64_t pulls_sent = 0;
+  std::uint64_t pull_timeouts = 0;
+  std::uint64_t pull_rounds_empty = 0;
   /// Per merge: seconds from its round's first accepted contribution to the
   /// merged fragment being published (queued for the learners). Since this
   /// Syncer was constructed (not checkpointed), summed over fragments.
@@ -754,6 +796,8 @@ class Syncer {
         weights_(std::move(weights)),
         fragments_(plan_.num_fragments()) {
     validate(config_);
+    if (config_.round == RoundMode::pull)
+      pull_schedule_.emplace(plan_.num_fragments(), config_.sync_every, config_.quorum.overlap);
     for (LearnerId id : config_.tally_learners) tallies_[id];
     std::size_t off = 0;
     tensor_offsets_.reserve(plan_.num_tensors());
@@ -773,6 +817,7 @@ class Syncer {
       if constexpr (!kFused) f.delta.resize(f.theta.size());  // the fused step needs no delta buffer
       f.acc.emplace(rule_.make_accumulator(plan_.layout(p)));
       f.wait.emplace(Wait(config_.quorum));
+      f.version_steps.emplace_back(0, 0);
       f.published = published_->publish(p, f.theta);
       f.norm_ref = detail::RobustReference(config_.reference_window, config_.reference_history);
       f.weight_ref = detail::RobustReference(config_.reference_window, config_.reference_history);
@@ -799,13 +844,21 @@ class Syncer {
     if (m.fingerprint != plan_.fingerprint()) return reject(RejectReason::foreign_plan, m);
     switch (m.type) {
       case MessageType::leave: return on_leave(m);
-      case MessageType::heartbeat: on_heartbeat(m, now); return send_rejoin_requests(out);
+      case MessageType::heartbeat:
+      case MessageType::metadata:
+        // Any message counts as one from an alive learner at step m.step; in
+        // pull mode the global step may have reached fragments' slots.
+        touch(m.learner, now, m.step);
+        open_due_rounds(now, out);
+        refresh_waiting_rounds(now, out);
+        return send_rejoin_requests(out);
       case MessageType::contribution: on_contribution(m, now, out); return send_rejoin_requests(out);
       case MessageType::join:
       case MessageType::observe:
       case MessageType::full_state:
       case MessageType::global_fragment:
       case MessageType::join_refused:
+      case MessageType::pull:
       case MessageType::rejoin: return reject(RejectReason::unexpected_type);
     }
     reject(RejectReason::unexpected_type);
@@ -852,6 +905,7 @@ class Syncer {
   /// whose wait is over. Call it at (or after) next_wakeup().
   void tick(Outbox& out) {
     expire_learners();
+    open_due_rounds(clock_->now(), out);
     for (std::size_t p = 0; p < fragments_.size(); ++p) merge_if_due(p, out);
   }
 
@@ -941,6 +995,7 @@ class Syncer {
       s.learners_known = learners_.size();
       s.learners_alive = static_cast<std::size_t>(
           std::count_if(learners_.begin(), learners_.end(), [](const auto& kv) { return kv.second.alive; }));
+      s.global_step = global_step_;
     }
     s.fragments.resize(fragments_.size());
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
@@ -1062,6 +1117,8 @@ class Syncer {
       f.acc->reset();
       f.wait.emplace(Wait(config_.quorum));
       f.round = RoundState{};
+      close_pull_round(f);
+      f.version_steps.assign(1, {f.version, 0});  // the global step restarts at 0 (not saved)
       f.contributors.clear();
       f.accepted_from.clear();
       f.wake.reset();
@@ -1097,6 +1154,8 @@ class Syncer {
       info.last_seen = now;
       info.alive = true;
       info.contributed = true;
+      info.reported = true;
+      info.receipt_step.assign(fragments_.size(), 0);
       learners_.emplace(l.id, info);
     }
     counters_ = SyncerStatus{};
@@ -1127,6 +1186,10 @@ class Syncer {
     rejoin_due_.clear();
     rejoin_window_start_.reset();
     rejoin_window_count_ = 0;
+    // The global step is not saved: it restarts at 0 and each restored
+    // learner's steps count from its first message after the restore.
+    global_step_ = 0;
+    opened_through_ = 0;
     merges_total_.store(merges, std::memory_order_relaxed);
   }
 
@@ -1190,6 +1253,15 @@ class Syncer {
     /// the fragment, or at its join; empty = 0 for every fragment (a learner
     /// restored from a checkpoint).
     std::vector<std::uint64_t> step_base;
+    // Pull rounds and the global step (docs/algorithm.md, "Round timeline").
+    std::uint64_t step = 0;                    ///< the highest inner step counter it has sent
+    std::optional<std::uint64_t> join_step;    ///< its step counter at join (unset: restored, not heard yet)
+    std::uint64_t join_global = 0;             ///< the global step at its join: its steps count from there
+    TimePoint joined_at{0};                    ///< when it joined (a round opened before does not wait for it)
+    bool reported = false;                     ///< has trained a step since it joined (counted by the quorum)
+    /// Per fragment: its step counter when the syncer last sent it that
+    /// fragment (join or merge); it has progress on p once `step` is above.
+    std::vector<std::uint64_t> receipt_step;
   };
 
   struct FragmentState {
@@ -1218,7 +1290,19 @@ class Syncer {
     std::uint64_t accepted = 0, rejected_duplicate = 0, rejected_stale = 0, rejected_future = 0,
                   rejected_norm = 0;
     Histogram round_seconds{round_seconds_bounds()}, grace_wait_seconds{grace_wait_seconds_bounds()};
+    // Pull rounds: none -> waiting (quorum and grace window over the learners
+    // with progress on p) -> pulling (answers awaited) -> merge -> none.
+    enum class Phase : std::uint8_t { none, waiting, pulling } phase = Phase::none;
+    std::uint64_t round_step = 0;     ///< the global step at which the open round's slot came
+    std::set<LearnerId> pulled;       ///< the learners asked for p in this round
+    std::set<LearnerId> answered;     ///< ... whose answer has been admitted (accepted or rejected)
+    TimePoint pulled_at{0};
+    bool graced = false;  ///< the open round's pull waited for a grace window
+    /// (version, global step at which it was made) of the latest versions,
+    /// oldest first, at most kVersionSteps (staleness in rounds: stale()).
+    std::deque<std::pair<std::uint64_t, std::uint64_t>> version_steps;
   };
+  static constexpr std::size_t kVersionSteps = 4096;
 
   // ---- plan order <-> fragment buffers ----------------------------------
   void gather(std::size_t p, std::span<const float> flat, std::span<float> frag) const {
@@ -1315,6 +1399,9 @@ class Syncer {
       return JoinRefusal::schedule;
     if (m.type == MessageType::join && config_.max_tokens_per_step != 0 && m.version > config_.max_tokens_per_step)
       return JoinRefusal::tokens_per_step;
+    // A join states its round mode in `fragment` (0: a learner predating the field).
+    if (m.type == MessageType::join && m.fragment != 0 && m.fragment != static_cast<std::uint32_t>(config_.round))
+      return JoinRefusal::round_mode;
     return std::nullopt;
   }
 
@@ -1332,6 +1419,7 @@ class Syncer {
     r.tokens = config_.sync_every != 0 ? static_cast<std::int64_t>(config_.quorum.overlap) : 0;
     r.sequence = m.sequence;
     if (why == JoinRefusal::tokens_per_step) r.version = config_.max_tokens_per_step;
+    if (why == JoinRefusal::round_mode) r.version = static_cast<std::uint64_t>(config_.round);
     const std::size_t from = out.size();
     out.push_back({m.learner, std::move(r)});
     count_out(out, from);
@@ -1361,6 +1449,8 @@ class Syncer {
     rec.our_fingerprint = plan_.fingerprint();
     rec.our_sync_every = config_.sync_every;
     rec.our_overlap = config_.quorum.overlap;
+    if (m.type == MessageType::join) rec.round = m.fragment;
+    rec.our_round = config_.round;
     rec.suppressed = std::exchange(refusals_suppressed_, 0);
     refusals_.push_back(rec);
   }
@@ -1471,6 +1561,14 @@ class Syncer {
         const std::uint64_t ceiling = steps_ceiling(config_);
         const std::uint64_t carried = ceiling != 0 ? std::min<std::uint64_t>(m.step, ceiling) : m.step;
         l.step_base.assign(fragments_.size(), m.step - carried);
+        // Its steps count from the global step now; the state it receives
+        // is a receipt of every fragment; it waits for rounds opened after now.
+        l.join_step = m.step;
+        l.join_global = global_step_;
+        l.step = m.step;
+        l.joined_at = now;
+        l.reported = false;
+        l.receipt_step.assign(fragments_.size(), m.step);
         ++counters_.joins;
       }
       l.last_seen = now;
@@ -1548,9 +1646,11 @@ class Syncer {
     it->second.alive = false;
   }
 
-  /// Marks a known learner as heard from now. False if the learner is unknown.
-  bool touch(LearnerId id, TimePoint now, std::optional<std::uint64_t> step = std::nullopt,
-             std::optional<Duration>* step_time = nullptr) {
+  /// Marks a known learner as heard from now, at inner step `step` (every
+  /// message carries the sender's step counter), and moves the global step.
+  /// `step_time` is given for a contribution: it is set to the learner's
+  /// inner-step time since its previous contribution. False if the learner is unknown.
+  bool touch(LearnerId id, TimePoint now, std::uint64_t step, std::optional<Duration>* step_time = nullptr) {
     std::unique_lock lock(members_mutex_);
     auto it = learners_.find(id);
     if (it == learners_.end()) {
@@ -1561,18 +1661,38 @@ class Syncer {
     auto& l = it->second;
     l.last_seen = std::max(l.last_seen, now);
     l.alive = true;
-    if (step) {
-      if (l.last_contribution && *step > l.last_contribution->second && now > l.last_contribution->first) {
-        const auto steps = *step - l.last_contribution->second;
-        if (step_time) *step_time = (now - l.last_contribution->first) / static_cast<Duration::rep>(steps);
+    advance_locked(l, step);
+    if (step_time) {
+      if (l.last_contribution && step > l.last_contribution->second && now > l.last_contribution->first) {
+        const auto steps = step - l.last_contribution->second;
+        *step_time = (now - l.last_contribution->first) / static_cast<Duration::rep>(steps);
       }
-      l.last_contribution = std::make_pair(now, *step);
+      l.last_contribution = std::make_pair(now, step);
       l.contributed = true;
     }
     return true;
   }
 
-  void on_heartbeat(const Message& m, TimePoint now) { touch(m.learner, now); }
+  /// The global step t (docs/algorithm.md, "Round timeline"): each learner's
+  /// position is the global step at its join plus the inner steps it has
+  /// trained since, and t is the furthest position any learner has reached.
+  /// Learners whose own counters differ (one restarted from 0, one resumed
+  /// at 5000) are on one axis; a learner that restarts does not move t back.
+  /// Caller holds members_mutex_.
+  void advance_locked(LearnerInfo& l, std::uint64_t step) {
+    if (!l.join_step) {  // restored from a snapshot: its steps count from here
+      l.join_step = step;
+      l.join_global = global_step_;
+      l.step = step;
+    }
+    if (step <= l.step) return;
+    l.step = step;
+    if (step <= *l.join_step) return;
+    l.reported = true;
+    const std::uint64_t advance = step - *l.join_step;
+    if (advance <= std::numeric_limits<std::uint64_t>::max() - l.join_global)
+      global_step_ = std::max(global_step_, l.join_global + advance);
+  }
 
   /// Notes that unknown learner `id` should be asked to join again, unless it
   /// was asked less than rejoin_interval ago or the interval's burst for all
@@ -1613,6 +1733,30 @@ class Syncer {
       out.push_back({id, std::move(r)});
     }
     count_out(out, from);
+  }
+
+  /// A contribution against base version `base` is stale when the global
+  /// has moved on from its base for more than max_staleness rounds: with H
+  /// known (sync_every), rounds of H global steps since the merge that
+  /// superseded `base` (the global step of each recent version is kept), so
+  /// the bound does not shrink as merges per round grow with M (push rounds at
+  /// K = 1 make about one merge per learner per round); without H, or for a
+  /// base older than the versions kept, versions. Caller holds f.mutex.
+  bool stale(const FragmentState& f, std::uint64_t base) const {
+    if (base >= f.version) return false;  // the current global (a future base is rejected before)
+    if (config_.sync_every != 0) {
+      for (auto it = f.version_steps.rbegin(); it != f.version_steps.rend(); ++it) {
+        if (it->first != base + 1) continue;
+        std::uint64_t now_step = 0;
+        {
+          std::unique_lock lock(members_mutex_);
+          now_step = global_step_;
+        }
+        const std::uint64_t age = now_step > it->second ? now_step - it->second : 0;
+        return age / config_.sync_every > config_.max_staleness;
+      }
+    }
+    return f.version - base > config_.max_staleness;
   }
 
   /// Bounds a contribution's claims (docs/algorithm.md, "Validation and
@@ -1724,6 +1868,8 @@ class Syncer {
   bool admit(std::size_t p, FragmentState& f, Checked& c, Outbox& out) {
     const Message& m = *c.m;
     if (c.step_time) f.wait->observe_step_time(*c.step_time);
+    // Pull rounds: a pulled learner has answered, whatever the verdict below.
+    if (f.phase == FragmentState::Phase::pulling && f.pulled.contains(m.learner)) f.answered.insert(m.learner);
     auto& last = f.last_sequence[m.learner];
     if (m.sequence <= last) {
       ++f.rejected_duplicate;
@@ -1735,7 +1881,7 @@ class Syncer {
       count_tally(m, RejectReason::future_version);
       return false;
     }
-    if (f.version - m.version > config_.max_staleness) {
+    if (stale(f, m.version)) {
       ++f.rejected_stale;
       count_tally(m, RejectReason::stale);
       last = m.sequence;  // answered: a replay of this one is a duplicate
@@ -1787,11 +1933,15 @@ class Syncer {
     f.accepted_from.insert(m.learner);
     count_tally(m, std::nullopt);
     if (c.weight > 0.0) {
-      if (f.round.contributions == 0 && f.contributors.empty()) {
-        f.round = RoundState{};
-        f.round.start = c.now;
+      if (pull_schedule_) {
+        f.contributors.insert(m.learner);  // the round itself is the schedule's (open_due_rounds)
+      } else {
+        if (f.round.contributions == 0 && f.contributors.empty()) {
+          f.round = RoundState{};
+          f.round.start = c.now;
+        }
+        if (f.contributors.insert(m.learner).second) f.round.contributions = f.contributors.size();
       }
-      if (f.contributors.insert(m.learner).second) f.round.contributions = f.contributors.size();
     }
     return true;
   }
@@ -1869,6 +2019,7 @@ class Syncer {
   /// Asks the wait policy about fragment p's round; merges if told to.
   /// Caller holds f.mutex.
   bool decide_and_merge(std::size_t p, FragmentState& f, TimePoint now, Outbox& out) {
+    if (pull_schedule_) return decide_pull(p, f, now, out);
     f.round.alive = alive();
     const WaitDecision d = f.wait->decide(f.round, now);
     switch (d.kind) {
@@ -1883,7 +2034,9 @@ class Syncer {
   void merge(std::size_t p, FragmentState& f, TimePoint now, const WaitDecision& d, Outbox& out) {
     const TimePoint started = clock_->now();
     float share = 1.0f;
-    if (config_.participation_scaling) {
+    // Pull rounds merge once per H global steps with every available learner:
+    // no share to scale by (docs/algorithm.md, "Participation scaling").
+    if (config_.participation_scaling && !pull_schedule_) {
       // Shared among the learners that contribute (not every alive id: ids
       // that only joined would shrink every merge).
       std::size_t contributing = 0;
@@ -1903,6 +2056,11 @@ class Syncer {
       opt_.step(f.theta, f.delta, f.state);
     }
     ++f.version;
+    {
+      std::unique_lock lock(members_mutex_);
+      f.version_steps.emplace_back(f.version, global_step_);
+    }
+    if (f.version_steps.size() > kVersionSteps) f.version_steps.pop_front();
     merges_total_.fetch_add(1, std::memory_order_relaxed);
     f.published = published_->publish(p, f.theta);
     const std::size_t k = f.contributors.size();
@@ -1911,9 +2069,11 @@ class Syncer {
     ++f.status.merges;
     f.status.last_quorum_size = k;
     f.status.contributions_merged += k;
-    if (f.round.quorum_at && now > *f.round.quorum_at && d.reason.find("grace") != std::string_view::npos) {
+    // (A pull round's grace window ended when its pulls went out.)
+    const TimePoint grace_end = f.phase == FragmentState::Phase::pulling ? f.pulled_at : now;
+    if (f.round.quorum_at && grace_end > *f.round.quorum_at && d.reason.find("grace") != std::string_view::npos) {
       ++f.status.grace_waits;
-      f.grace_wait_seconds.observe(std::chrono::duration<double>(now - *f.round.quorum_at).count());
+      f.grace_wait_seconds.observe(std::chrono::duration<double>(grace_end - *f.round.quorum_at).count());
     }
     if (d.reason.find("deadline") != std::string_view::npos) ++f.status.deadline_merges;
     f.round_seconds.observe(std::chrono::duration<double>(std::max(Duration{0}, clock_->now() - f.round.start)).count());
@@ -1921,6 +2081,8 @@ class Syncer {
     f.contributors.clear();
     f.round = RoundState{};
     f.wake.reset();
+    const bool pulled = f.phase == FragmentState::Phase::pulling;
+    close_pull_round(f);
     std::vector<LearnerId> receivers;
     {
       std::unique_lock lock(members_mutex_);
@@ -1932,13 +2094,199 @@ class Syncer {
         for (const auto& [id, l] : learners_)
           if (l.alive) receivers.push_back(id);
       }
+      for (LearnerId id : receivers) {  // pull rounds: what each has trained since it gets p
+        auto& l = learners_.at(id);
+        if (l.receipt_step.size() != fragments_.size()) l.receipt_step.assign(fragments_.size(), 0);
+        l.receipt_step[p] = l.step;
+      }
     }
     f.accepted_from.clear();
     const std::size_t from = out.size();
     for (LearnerId id : receivers)
       out.push_back({id, global_message(p, f, id, MessageType::global_fragment)});
-    f.wait->observe_sync_time(clock_->now() - started);
+    // Pull rounds: the pull's round trip is part of the sync time the grace window must leave room for.
+    f.wait->observe_sync_time(clock_->now() - (pulled ? f.pulled_at : started));
     count_out(out, from);
+  }
+
+  // ---- pull rounds (RoundMode::pull; docs/algorithm.md, "Round timeline") --
+  //   1. the global step t reaches fragment p's slot (Schedule::due_at(t) = p):
+  //      the round opens (open_due_rounds), phase waiting;
+  //   2. the wait policy decides over the learners that have progress on p
+  //      (RoundState::contributions = reported, alive = eligible): K of them,
+  //      then the grace window, or all of them;
+  //   3. a pull goes to every learner with progress on p (start_pull), phase
+  //      pulling; each answers with a contribution at its next step boundary;
+  //   4. once every pulled learner has answered or died, or at the pull
+  //      time-out, the answers are merged (merge()) and Theta_p goes out.
+  // Contributions that arrive outside a round (a late answer) stay in the
+  // accumulator and are merged in the fragment's next round.
+
+  /// Learner `l` counts for fragment p's round opened at `round_start`:
+  /// alive, joined before the round opened and trained since it joined
+  /// (eligible), and, for `reported`, trained since it last received p.
+  static bool eligible(const LearnerInfo& l, TimePoint round_start) noexcept {
+    return l.alive && l.reported && l.joined_at < round_start;
+  }
+  static bool has_progress(const LearnerInfo& l, std::size_t p) noexcept {
+    return p >= l.receipt_step.size() || l.step > l.receipt_step[p];
+  }
+
+  /// Opens the rounds of the fragments whose slots the global step has
+  /// passed since the last call (each fragment at most once per call; a
+  /// fragment whose previous round is still open keeps that round).
+  void open_due_rounds(TimePoint now, Outbox& out) {
+    if (!pull_schedule_) return;
+    std::vector<std::pair<std::size_t, std::uint64_t>> due;  // (fragment, slot step)
+    {
+      std::unique_lock lock(members_mutex_);
+      const std::uint64_t from = opened_through_, to = global_step_;
+      if (to <= from) return;
+      opened_through_ = to;
+      const std::uint64_t h = config_.sync_every;
+      for (std::uint64_t t = to - std::min<std::uint64_t>(to - from, h) + 1; t <= to; ++t)
+        if (auto p = pull_schedule_->due_at(t)) due.emplace_back(*p, t);
+    }
+    for (const auto& [p, t] : due) {
+      auto& f = fragments_[p];
+      std::unique_lock lock(f.mutex);
+      if (f.phase != FragmentState::Phase::none) continue;
+      f.phase = FragmentState::Phase::waiting;
+      f.round = RoundState{};
+      f.round.start = now;
+      f.round_step = t;
+      {
+        std::unique_lock members(members_mutex_);
+        ++counters_.pull_rounds;
+      }
+      decide_pull(p, f, now, out);
+    }
+  }
+
+  /// Asks the wait policy again about every round waiting for its quorum (a
+  /// metadata message may have made a learner count).
+  void refresh_waiting_rounds(TimePoint now, Outbox& out) {
+    if (!pull_schedule_) return;
+    for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      auto& f = fragments_[p];
+      std::unique_lock lock(f.mutex);
+      if (f.phase == FragmentState::Phase::waiting) decide_pull(p, f, now, out);
+    }
+  }
+
+  /// The pull-mode decision for fragment p's round (steps 2-4 above). Caller holds f.mutex.
+  bool decide_pull(std::size_t p, FragmentState& f, TimePoint now, Outbox& out) {
+    using Phase = typename FragmentState::Phase;
+    if (f.phase == Phase::none) {
+      f.wake.reset();
+      return false;
+    }
+    if (f.phase == Phase::waiting) {
+      {
+        std::unique_lock lock(members_mutex_);
+        f.round.contributions = 0;
+        f.round.alive = 0;
+        for (const auto& [id, l] : learners_) {
+          if (!eligible(l, f.round.start)) continue;
+          ++f.round.alive;
+          if (has_progress(l, p)) ++f.round.contributions;
+        }
+      }
+      const WaitDecision d = f.wait->decide(f.round, now);
+      if (d.kind == WaitDecision::Kind::idle) {
+        f.wake.reset();  // nobody to pull yet: asked again at the next metadata
+        return false;
+      }
+      if (d.kind == WaitDecision::Kind::wait_until) {
+        f.wake = d.until;
+        return false;
+      }
+      f.graced = d.reason.find("grace") != std::string_view::npos;
+      start_pull(p, f, now, out);
+    }
+    // Pulling: merge once every pulled learner has answered or died, or at the time-out.
+    bool waiting_for_answers = false;
+    {
+      std::unique_lock lock(members_mutex_);
+      for (LearnerId id : f.pulled) {
+        if (f.answered.contains(id)) continue;
+        auto it = learners_.find(id);
+        if (it != learners_.end() && it->second.alive) waiting_for_answers = true;
+      }
+    }
+    const TimePoint timeout = detail::saturating_add(f.pulled_at, pull_timeout(f));
+    if (waiting_for_answers && now < timeout) {
+      f.wake = timeout;
+      return false;
+    }
+    if (f.contributors.empty()) {  // nothing accepted: no merge, the global stays
+      std::unique_lock lock(members_mutex_);
+      ++counters_.pull_rounds_empty;
+      if (waiting_for_answers) ++counters_.pull_timeouts;
+      lock.unlock();
+      close_pull_round(f);
+      f.round = RoundState{};
+      f.wake.reset();
+      return false;
+    }
+    if (waiting_for_answers) {
+      std::unique_lock lock(members_mutex_);
+      ++counters_.pull_timeouts;
+    }
+    WaitDecision d{WaitDecision::Kind::merge_now, now,
+                   f.graced ? std::string_view("pull answered, grace window waited") : std::string_view("pull answered")};
+    merge(p, f, now, d, out);
+    return true;
+  }
+
+  /// Sends fragment p's pull to every eligible learner with progress on p. Caller holds f.mutex.
+  void start_pull(std::size_t p, FragmentState& f, TimePoint now, Outbox& out) {
+    f.phase = FragmentState::Phase::pulling;
+    f.pulled_at = now;
+    f.pulled.clear();
+    f.answered.clear();
+    {
+      std::unique_lock lock(members_mutex_);
+      for (const auto& [id, l] : learners_)
+        if (eligible(l, f.round.start) && has_progress(l, p)) f.pulled.insert(id);
+      counters_.pulls_sent += f.pulled.size();
+    }
+    const std::size_t from = out.size();
+    for (LearnerId id : f.pulled) {
+      Message m;
+      m.type = MessageType::pull;
+      m.fingerprint = plan_.fingerprint();
+      m.learner = id;
+      m.fragment = static_cast<std::uint32_t>(p);
+      m.version = f.version;
+      m.step = f.round_step;
+      out.push_back({id, std::move(m)});
+    }
+    count_out(out, from);
+  }
+
+  static void close_pull_round(FragmentState& f) {
+    f.graced = false;
+    f.phase = FragmentState::Phase::none;
+    f.pulled.clear();
+    f.answered.clear();
+  }
+
+  /// SyncerConfig::pull_timeout, or derived from fragment p's measured step time.
+  Duration pull_timeout(const FragmentState& f) const {
+    if (config_.pull_timeout > Duration{0}) return config_.pull_timeout;
+    const Duration deadline = config_.quorum.deadline;
+    if constexpr (requires { f.wait->ema_step_seconds(); }) {
+      const double step = f.wait->ema_step_seconds();
+      if (step > 0.0) {
+        const double t = 2.0 * static_cast<double>(config_.quorum.overlap + 1) * step;
+        const double cap = std::chrono::duration<double>(deadline).count();
+        if (t >= cap) return deadline;
+        return std::max<Duration>(std::chrono::milliseconds(1),
+                                  std::chrono::duration_cast<Duration>(std::chrono::duration<double>(t)));
+      }
+    }
+    return deadline;
   }
 
   static constexpr bool kFused = detail::FusedFinishStep<typename Rule::Accumulator, Opt>;
@@ -1987,6 +2335,11 @@ class Syncer {
   std::map<LearnerId, TimePoint> rejoin_last_;
   std::optional<TimePoint> rejoin_window_start_;
   std::size_t rejoin_window_count_ = 0;
+  // Pull rounds (under members_mutex_): the global step t and the step up to
+  // which the schedule's slots have been opened.
+  std::optional<Schedule> pull_schedule_;
+  std::uint64_t global_step_ = 0;
+  std::uint64_t opened_through_ = 0;
 };
 
 }  // namespace ddiloco

@@ -203,7 +203,7 @@ inline constexpr std::size_t magic = 0, protocol = 4, type = 6, codec = 7, finge
                              elements = 64, payload_bytes = 72, payload_crc = 80, header_crc = 84;
 }  // namespace frame_offset
 
-constexpr bool is_valid_message_type(std::uint8_t raw) noexcept { return raw >= 1 && raw <= 9; }
+constexpr bool is_valid_message_type(std::uint8_t raw) noexcept { return raw >= 1 && raw <= 11; }
 
 constexpr bool carries_payload(MessageType t) noexcept {
   return t == MessageType::full_state || t == MessageType::contribution || t == MessageType::global_fragment;

@@ -971,7 +971,7 @@ class ZmqSyncerTransport {
   static bool syncer_receives(std::byte type) noexcept {
     const auto t = static_cast<MessageType>(std::to_integer<std::uint8_t>(type));
     return t != MessageType::full_state && t != MessageType::global_fragment && t != MessageType::join_refused &&
-           t != MessageType::rejoin;
+           t != MessageType::rejoin && t != MessageType::pull;
   }
 
   /// The route of learner `id`, made if new; evicts the least recently heard
@@ -1385,12 +1385,12 @@ class ZmqLearnerTransport {
       const std::span<const std::byte> bytes(static_cast<const std::byte*>(zmq_msg_data(&body)), zmq_msg_size(&body));
       ++counters_.frames_in;
       counters_.bytes_in += bytes.size();
-      // A learner receives only full_state, global_fragment, join_refused and
-      // rejoin: anything else is refused on its header byte, before decoding.
+      // A learner receives only full_state, global_fragment, join_refused,
+      // rejoin and pull: anything else is refused on its header byte, before decoding.
       if (bytes.size() >= kFrameHeaderSize) {
         const auto t = static_cast<MessageType>(std::to_integer<std::uint8_t>(bytes[detail::frame_offset::type]));
         if (t != MessageType::full_state && t != MessageType::global_fragment && t != MessageType::join_refused &&
-            t != MessageType::rejoin) {
+            t != MessageType::rejoin && t != MessageType::pull) {
           zmq_msg_close(&body);
           ++counters_.wrong_direction;
           ++counters_.decode_errors;
