@@ -117,16 +117,17 @@ OuterLoopConfig learner_config(LearnerId id, std::size_t tau, float alpha = 0.0f
   return c;
 }
 
-struct Rig {
+template <class S = TestSyncer>
+struct BasicRig {
   VirtualClock clock;
   Plan plan = small_plan();
   InProcessNetwork net;
   InProcessSyncerTransport link;
-  TestSyncer syncer;
+  S syncer;
   Outbox out;
   std::vector<Message> seen;  ///< every message the syncer handled, in order
 
-  explicit Rig(std::size_t capacity = 1024, FaultTape tape = {}, SyncerConfig config = one_per_round())
+  explicit BasicRig(std::size_t capacity = 1024, FaultTape tape = {}, SyncerConfig config = one_per_round())
       : net(clock, std::move(tape), capacity), link(net.syncer()), syncer(plan, concat(kInit), clock, config) {
     REQUIRE(plan.fragments()[0].tensors == std::vector<std::size_t>{kW});
     REQUIRE(plan.fragments()[1].tensors == std::vector<std::size_t>{kB, kC});
@@ -181,6 +182,7 @@ struct Rig {
                 flat.begin() + static_cast<std::ptrdiff_t>(off + plan.tensors()[t].numel));
   }
 };
+using Rig = BasicRig<>;
 
 // Globals applied after sends: join's writes of the full state (one per
 // fragment) are counted in status().applies too, so tests count from there.
@@ -1182,4 +1184,244 @@ TEST_CASE("A rejoin request for another learner or plan, or before joining, is i
   CHECK(outer.status().rejoins == 0);
   CHECK_FALSE(outer.rejoining());
   CHECK(outer.status().ignored == ignored + 2);
+}
+
+// ---- Pull rounds (RoundMode::pull): the syncer owns the schedule ------------
+// H = 4, P = 2 as above: fragment 1's slot is at global steps 2, 6, ...,
+// fragment 0's at 4, 8, ... Every learner sends metadata after each step and
+// answers a pull at its next step.
+
+namespace {
+SyncerConfig pull_config(std::size_t tau, std::size_t k = 1) {
+  SyncerConfig c = one_per_round();
+  c.round = RoundMode::pull;
+  c.sync_every = 4;
+  c.quorum.overlap = tau;
+  c.quorum.min_quorum = k;
+  return c;
+}
+OuterLoopConfig pull_learner(LearnerId id, std::size_t tau) {
+  OuterLoopConfig c = learner_config(id, tau);
+  c.round = RoundMode::pull;
+  return c;
+}
+std::vector<Message> of_type(const std::vector<Message>& seen, MessageType t) {
+  std::vector<Message> r;
+  for (const auto& m : seen)
+    if (m.type == t) r.push_back(m);
+  return r;
+}
+}  // namespace
+
+TEST_CASE("Pull rounds: each fragment is pulled at its slot from every learner with progress, merged once, and "
+          "applied tau steps after the answer; the answer is the paper's outer gradient bit for bit",
+          "[outer_loop][pull]") {
+  Rig r(1024, {}, pull_config(/*tau=*/1));
+  VecParams a = zero_params(), b = zero_params();
+  auto ta = r.net.learner(1), tb = r.net.learner(2);
+  Outer la(r.plan, ta, pull_learner(1, 1)), lb(r.plan, tb, pull_learner(2, 1));
+  r.join(la, a);
+  r.join(lb, b);
+  const Flat theta0 = r.syncer.fragment(1).first;  // Theta_1 at version 0: the learners' base
+  for (int s = 1; s <= 2; ++s) {
+    inner_step(a), la.step(a, 16);
+    inner_step(b), lb.step(b, 16);
+    r.pump();
+  }
+  // Global step 2 is fragment 1's slot: both learners have progress, both pulled, nothing sent yet.
+  CHECK(r.syncer.status().pull_rounds == 1);
+  CHECK(r.syncer.status().pulls_sent == 2);
+  CHECK(r.contributions().empty());
+  CHECK(of_type(r.seen, MessageType::metadata).size() == 4);
+  inner_step(a), la.step(a, 16);
+  const Flat local_a = concat({values(a[kB]), values(a[kC])});
+  inner_step(b), lb.step(b, 16);
+  r.pump();
+  const auto answers = r.contributions();
+  REQUIRE(answers.size() == 2);
+  for (const auto& m : answers) {
+    CHECK(m.fragment == 1);
+    CHECK(m.steps == 3);
+    CHECK(m.tokens == 48);
+    CHECK(m.version == 0);
+  }
+  // Learner 1's answer, v = base - theta with base = Theta^(t-H): the same fp32 subtraction, bit for bit.
+  const auto& va = answers[0].learner == 1 ? *answers[0].payload : *answers[1].payload;
+  REQUIRE(va.size() == local_a.size());
+  for (std::size_t i = 0; i < va.size(); ++i) CHECK(std::bit_cast<std::uint32_t>(va[i]) ==
+                                                    std::bit_cast<std::uint32_t>(theta0[i] - local_a[i]));
+  // One merge of both answers: Theta_1 = the learners' fragment after 3 steps.
+  CHECK(r.syncer.status().fragments[1].merges == 1);
+  CHECK(r.syncer.status().fragments[1].last_quorum_size == 2);
+  CHECK(r.global_tensor(kB) == local_after(kB, 3));
+  // Applied at answer (step 3) + tau = step 4: overwritten with the global.
+  inner_step(a);
+  const auto rep = la.step(a, 16);
+  CHECK(rep.applied == 1);
+  CHECK(values(a[kB]) == local_after(kB, 3));
+  CHECK(la.status().pulls == 1);
+}
+
+TEST_CASE("Pull rounds: learners that joined and never trained are not waited for, so a flood of idle ids costs "
+          "no grace window",
+          "[outer_loop][pull]") {
+  SyncerConfig c = pull_config(1);
+  c.quorum.grace = true;
+  c.quorum.cap = 1s;
+  c.quorum.gamma = 1.0;
+  Rig r(4096, {}, c);
+  VecParams a = zero_params();
+  auto ta = r.net.learner(1);
+  Outer la(r.plan, ta, pull_learner(1, 1));
+  r.join(la, a);
+  for (LearnerId id = 100; id < 150; ++id) {  // join, then stay silent
+    Message j;
+    j.type = MessageType::join;
+    j.fingerprint = r.plan.fingerprint();
+    j.learner = id;
+    j.sequence = 7 + id;
+    r.syncer.handle(j, r.out);
+    r.out.clear();
+  }
+  REQUIRE(r.syncer.alive() == 51);
+  for (int s = 1; s <= 3; ++s) {
+    r.clock.advance(100ms);  // 100 ms steps: the grace budget tau x xi_step is there
+    inner_step(a), la.step(a, 16);
+    r.pump();
+  }
+  // The round at step 2 pulled learner 1 at once (it is the only learner with
+  // progress) and merged its answer at step 3, without waiting for the 50.
+  CHECK(r.syncer.status().pulls_sent == 1);
+  CHECK(r.syncer.status().fragments[1].merges == 1);
+  CHECK(r.syncer.status().grace_waits() == 0);
+}
+
+TEST_CASE("Pull rounds: K learners, then the grace window, then the pull; a pulled learner that never answers is "
+          "not waited for beyond the pull time-out",
+          "[outer_loop][pull]") {
+  SyncerConfig c = pull_config(1, /*k=*/1);
+  c.quorum.grace = true;
+  c.quorum.cap = 50ms;
+  c.quorum.gamma = 1.0;
+  c.pull_timeout = 200ms;
+  Rig r(1024, {}, c);
+  VecParams a = zero_params(), b = zero_params();
+  auto ta = r.net.learner(1), tb = r.net.learner(2);
+  Outer la(r.plan, ta, pull_learner(1, 1)), lb(r.plan, tb, pull_learner(2, 1));
+  r.join(la, a);
+  r.join(lb, b);
+  // Learner 2 trains one step and stops (it is alive: heartbeat time-out 10 s).
+  inner_step(b), lb.step(b, 16);
+  r.pump();
+  r.clock.advance(100ms);
+  inner_step(a), la.step(a, 16);
+  r.pump();
+  r.clock.advance(100ms);
+  inner_step(a), la.step(a, 16);  // global step 2: fragment 1's round opens
+  r.pump();
+  // Both have progress on fragment 1: the quorum (K = 1) is there, every
+  // eligible learner too, so the pull goes out at once to both.
+  CHECK(r.syncer.status().pulls_sent == 2);
+  inner_step(a), la.step(a, 16);  // learner 1 answers; learner 2 is not stepping
+  r.pump();
+  CHECK(r.syncer.status().fragments[1].merges == 0);  // waiting for learner 2's answer
+  const auto wake = r.syncer.next_wakeup();
+  REQUIRE(wake);
+  r.clock.advance(300ms);
+  r.syncer.tick(r.out);
+  r.out.clear();
+  CHECK(r.syncer.status().fragments[1].merges == 1);
+  CHECK(r.syncer.status().pull_timeouts == 1);
+  CHECK(r.syncer.status().fragments[1].last_quorum_size == 1);
+}
+
+TEST_CASE("Pull rounds: a straggler's answer weighs in by its progress (tokens^2 / steps)", "[outer_loop][pull]") {
+  BasicRig<Syncer<WeightedAverage, AverageOnly, TokenWeights>> r(1024, {}, pull_config(1));
+  VecParams a = zero_params(), b = zero_params();
+  auto ta = r.net.learner(1), tb = r.net.learner(2);
+  Outer la(r.plan, ta, pull_learner(1, 1)), lb(r.plan, tb, pull_learner(2, 1));
+  r.join(la, a);
+  r.join(lb, b);
+  // Learner 1 steps every tick, learner 2 every other tick (2x slower).
+  int b_steps = 0;
+  for (int s = 1; s <= 2; ++s) {
+    inner_step(a), la.step(a, 16);
+    if (s % 2 == 1) inner_step(b), lb.step(b, 16), ++b_steps;
+    r.pump();
+  }
+  REQUIRE(r.syncer.status().pulls_sent == 2);
+  inner_step(a), la.step(a, 16);  // learner 1 answers with 3 steps
+  r.pump();
+  inner_step(b), lb.step(b, 16), ++b_steps;  // learner 2 answers with 2 steps
+  r.pump();
+  REQUIRE(r.syncer.status().fragments[1].merges == 1);
+  // w1 = 48^2 / 3 = 768, w2 = 32^2 / 2 = 512: Theta = init - (768 v1 + 512 v2) / 1280.
+  const double w1 = 48.0 * 48.0 / 3.0, w2 = 32.0 * 32.0 / 2.0;
+  const Flat g = r.global_tensor(kB);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const double v1 = 3.0 * kRate[kB], v2 = static_cast<double>(b_steps) * kRate[kB];
+    CHECK(g[i] == Approx(kInit[kB][i] - (w1 * v1 + w2 * v2) / (w1 + w2)).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("Pull rounds: an answer from the previous global is anchored at the current one: (Theta - Theta^(b)) + v",
+          "[outer_loop][pull]") {
+  Rig r(1024, {}, pull_config(1));
+  VecParams a = zero_params(), b = zero_params();
+  auto ta = r.net.learner(1), tb = r.net.learner(2);
+  Outer la(r.plan, ta, pull_learner(1, 1)), lb(r.plan, tb, pull_learner(2, 1));
+  r.join(la, a);
+  r.join(lb, b);
+  // Round 1 of fragment 1 (slot 2) merges both learners; learner 2 never gets the result.
+  const auto pump_dropping_b = [&] {
+    while (auto m = r.link.try_receive()) {
+      r.seen.push_back(*m);
+      r.syncer.handle(*m, r.out);
+      for (auto& o : r.out)
+        if (!(o.to == 2 && o.message.type == MessageType::global_fragment)) r.link.send_to(o.to, std::move(o.message));
+      r.out.clear();
+    }
+  };
+  for (int s = 1; s <= 6; ++s) {
+    inner_step(a), la.step(a, 16);
+    inner_step(b), lb.step(b, 16);
+    pump_dropping_b();
+  }
+  // Step 6 opened round 2 of fragment 1; learner 2 still has base version 0.
+  REQUIRE(r.syncer.fragment(1).second == 1);
+  REQUIRE(lb.base_version(1) == 0);
+  const Flat theta1 = r.syncer.fragment(1).first;
+  inner_step(a), la.step(a, 16);
+  inner_step(b), lb.step(b, 16);
+  const Flat local_b = concat({values(b[kB]), values(b[kC])});
+  pump_dropping_b();
+  CHECK(r.syncer.status().contributions_anchored == 1);
+  CHECK(r.syncer.fragment(1).second == 2);
+  // Learner 2's anchored outer gradient is Theta^(1) - theta_b, so (with the
+  // plain average of AverageOnly) it pulls the global towards theta_b exactly
+  // as learner 1's pulls it towards theta_a: Theta^(2) = mean(theta_a, theta_b).
+  const Flat local_a = concat({values(a[kB]), values(a[kC])});
+  const Flat theta2 = r.syncer.fragment(1).first;
+  for (std::size_t i = 0; i < theta2.size(); ++i)
+    CHECK(theta2[i] == Approx(0.5 * (local_a[i] + local_b[i])).margin(1e-5));
+  (void)theta1;
+}
+
+TEST_CASE("Pull rounds: a learner in push mode is refused by a pull syncer, naming both modes", "[outer_loop][pull]") {
+  Rig r(1024, {}, pull_config(1));
+  VecParams a = zero_params();
+  OuterLoopConfig c = learner_config(1, 1);
+  c.round = RoundMode::push;
+  auto ta = r.net.learner(1);
+  Outer la(r.plan, ta, c);
+  la.begin_join(a);
+  r.pump();
+  try {
+    la.poll_join(a);
+    FAIL("the join was not refused");
+  } catch (const ProtocolError& e) {
+    const std::string what = e.what();
+    CHECK(what.find("runs pull rounds but this learner runs push rounds") != std::string::npos);
+    CHECK(what.find("--round") != std::string::npos);
+  }
 }

@@ -32,6 +32,13 @@
 //      counters reset (docs/algorithm.md, "Round timeline", step 7). If it has
 //      not arrived, it is applied on arrival (non-blocking), or, in lock-step mode, step() waits for it
 //      (Streaming DiLoCo) for at most `lock_step_timeout`.
+// In pull rounds (OuterLoopConfig::round = pull, the paper's round) step 2
+// changes: after every step the learner sends metadata (its step counter and
+// tokens), and it sends fragment p when the syncer has pulled it, at the next
+// step boundary (never blocking): v = Theta_p^(b) - theta_p with the counters
+// since it applied global b (base and counters reset only when a global is
+// applied: the paper's c_steps / c_tokens). Step 3 applies a global tau steps
+// after the answer, or at the next step if this learner was not pulled.
 // Host copies are made only of the fragment being sent or applied.
 // A syncer that does not know this learner (it restored a checkpoint older
 // than the learner's join) answers with MessageType::rejoin: the learner then
@@ -741,9 +748,15 @@ class OuterLoop {
     }
     ++sequence_;
     ++status_.sends;
-    f.base.swap(local_);
-    f.steps_at_reset = step_;
-    f.tokens_at_reset = tokens_total_;
+    if (config_.round == RoundMode::push) {
+      // Push: the next send carries only the progress made after this one.
+      f.base.swap(local_);
+      f.steps_at_reset = step_;
+      f.tokens_at_reset = tokens_total_;
+    }
+    // Pull (the paper's counters): base and counters stay those of the last
+    // global applied, so an answer is always Theta^(b) - theta with every step
+    // since b; the syncer anchors it at its current global (SyncerConfig::anchor_versions).
     if (!f.sent_at) pending_.push_back(p);
     f.sent_at = step_;
     return true;

@@ -29,6 +29,10 @@
 //      version_p += 1, and Theta_p goes to every live learner (or, with
 //      SyncerConfig::send_merged_to = contributors, only to the learners whose
 //      contributions are in this merge).
+// In pull rounds (SyncerConfig::round = pull, the paper's round) steps 1-2
+// are driven by the schedule instead: see "pull rounds" below (the global step,
+// a round per fragment slot, the quorum over learners with progress, the pull,
+// the merge of the answers, anchored at the current global).
 // Rejections (never touch global state, each counted by reason): foreign plan
 // fingerprint, unknown learner, bad fragment index, wrong size, non-finite
 // values, norm far outside the recent range, inconsistent counters, duplicate
@@ -243,6 +247,18 @@ struct SyncerConfig {
   /// policy has measured, at least 1 ms, at most quorum.deadline (which it is
   /// until a step time is known).
   Duration pull_timeout = Duration{0};
+  /// Pull rounds: a learner answers with v = Theta_p^(b) - theta, measured
+  /// from the global b it last applied (what the codecs compress: a small
+  /// difference). The merge wants the paper's outer gradient
+  /// Theta_p^(t-H) - theta against the syncer's previous global: the same
+  /// thing, bit for bit, when b is that global (the learner applied the
+  /// latest merge); for b behind it, the syncer anchors the answer:
+  /// u = (Theta_p - Theta_p^(b)) + v, in fp32, for b among the last
+  /// `anchor_versions` versions, keeping that many previous globals of each
+  /// fragment (one more copy of the model each). An answer from an older base
+  /// is stale: rejected and answered with the current fragment. 0: no
+  /// anchoring, answers merged as sent (staleness then as in push rounds).
+  std::size_t anchor_versions = 1;
   /// Observers (MessageType::observe): each id is answered at most once per
   /// `observe_interval`, and all ids together at most `observe_burst` times
   /// per interval; other requests are dropped and counted (observes_limited).
@@ -351,6 +367,9 @@ inline void validate(const SyncerConfig& c) {
   if (c.round == RoundMode::pull && c.sync_every == 0)
     throw InvalidArgument("SyncerConfig::round = pull needs sync_every (H, the learners' --sync-every): the "
                           "syncer opens each fragment's round at its slot of the schedule");
+  if (c.anchor_versions > 64)
+    throw InvalidArgument(detail::msg("SyncerConfig::anchor_versions = ", c.anchor_versions,
+                                      " would keep that many copies of the model; use 0 to 64 (default 1)"));
   if (c.pull_timeout < Duration{0})
     throw InvalidArgument(detail::msg("SyncerConfig::pull_timeout = ", c.pull_timeout.count(),
                                       " ns must be >= 0 (0: derived from the step time)"));
@@ -477,6 +496,8 @@ struct SyncerStatus {
   std::uint64_t pulls_sent = 0;
   std::uint64_t pull_timeouts = 0;
   std::uint64_t pull_rounds_empty = 0;
+  /// Pull rounds: contributions from an older base anchored at the current global (SyncerConfig::anchor_versions).
+  std::uint64_t contributions_anchored = 0;
   /// Per merge: seconds from its round's first accepted contribution to the
   /// merged fragment being published (queued for the learners). Since this
   /// Syncer was constructed (not checkpointed), summed over fragments.
@@ -1015,6 +1036,7 @@ class Syncer {
       s.rejected[static_cast<std::size_t>(RejectReason::future_version)] += f.rejected_future;
       s.rejected[static_cast<std::size_t>(RejectReason::norm_outlier)] += f.rejected_norm;
       s.contributions_clipped += f.clipped;
+      s.contributions_anchored += f.anchored;
       s.weights_capped += f.weights_capped;
     }
     return s;
@@ -1118,7 +1140,8 @@ class Syncer {
       f.wait.emplace(Wait(config_.quorum));
       f.round = RoundState{};
       close_pull_round(f);
-      f.version_steps.assign(1, {f.version, 0});  // the global step restarts at 0 (not saved)
+      f.version_steps.assign(1, {f.version, 0});
+      f.previous.clear();  // the global step restarts at 0 (not saved)
       f.contributors.clear();
       f.accepted_from.clear();
       f.wake.reset();
@@ -1257,7 +1280,6 @@ class Syncer {
     std::uint64_t step = 0;                    ///< the highest inner step counter it has sent
     std::optional<std::uint64_t> join_step;    ///< its step counter at join (unset: restored, not heard yet)
     std::uint64_t join_global = 0;             ///< the global step at its join: its steps count from there
-    TimePoint joined_at{0};                    ///< when it joined (a round opened before does not wait for it)
     bool reported = false;                     ///< has trained a step since it joined (counted by the quorum)
     /// Per fragment: its step counter when the syncer last sent it that
     /// fragment (join or merge); it has progress on p once `step` is above.
@@ -1298,6 +1320,10 @@ class Syncer {
     std::set<LearnerId> answered;     ///< ... whose answer has been admitted (accepted or rejected)
     TimePoint pulled_at{0};
     bool graced = false;  ///< the open round's pull waited for a grace window
+    /// Pull rounds: the previous globals (version, values), oldest first, at
+    /// most SyncerConfig::anchor_versions, to anchor contributions (anchor()).
+    std::deque<std::pair<std::uint64_t, Payload>> previous;
+    std::uint64_t anchored = 0;  ///< contributions anchored at the current global
     /// (version, global step at which it was made) of the latest versions,
     /// oldest first, at most kVersionSteps (staleness in rounds: stale()).
     std::deque<std::pair<std::uint64_t, std::uint64_t>> version_steps;
@@ -1566,7 +1592,6 @@ class Syncer {
         l.join_step = m.step;
         l.join_global = global_step_;
         l.step = m.step;
-        l.joined_at = now;
         l.reported = false;
         l.receipt_step.assign(fragments_.size(), m.step);
         ++counters_.joins;
@@ -1744,6 +1769,10 @@ class Syncer {
   /// base older than the versions kept, versions. Caller holds f.mutex.
   bool stale(const FragmentState& f, std::uint64_t base) const {
     if (base >= f.version) return false;  // the current global (a future base is rejected before)
+    // Pull rounds: an answer is measured from the learner's base global, so it
+    // can only be merged anchored at one of the previous globals kept.
+    if (pull_schedule_ && config_.anchor_versions > 0)
+      return std::none_of(f.previous.begin(), f.previous.end(), [&](const auto& e) { return e.first == base; });
     if (config_.sync_every != 0) {
       for (auto it = f.version_steps.rbegin(); it != f.version_steps.rend(); ++it) {
         if (it->first != base + 1) continue;
@@ -1780,7 +1809,10 @@ class Syncer {
         auto& l = it->second;
         if (l.step_base.size() != fragments_.size()) l.step_base.assign(fragments_.size(), 0);
         base = l.step_base[p];
-        l.step_base[p] = std::max(base, m.step);
+        // Pull rounds count steps since the learner last applied p, and it
+        // answers again (with its whole progress) when a global was lost: its
+        // base stays at its join, the ceiling bounds each claim.
+        if (!pull_schedule_) l.step_base[p] = std::max(base, m.step);
         declared = l.tokens_per_step;
       }
     }
@@ -1804,6 +1836,9 @@ class Syncer {
     double scale = 1.0;   ///< set by admit(): the factor v enters the merge with (clipping)
     std::optional<Duration> step_time;
     std::vector<double> tensor_sq;  ///< ||v_t||^2 per tensor of the fragment (handed to add_batch)
+    /// Pull rounds: the contribution anchored at the current global (set by
+    /// anchor(); merged instead of the payload, norms recomputed).
+    std::shared_ptr<const std::vector<float>> anchored;
   };
 
   void on_contribution(const Message& m, TimePoint now, Outbox& out) {
@@ -1894,6 +1929,10 @@ class Syncer {
       reject(*why);
       return false;
     }
+    if (m.version < f.version && !anchor(p, f, c)) {
+      reject(RejectReason::non_finite, m);
+      return false;
+    }
     // The true norm against the median of recent learners' accepted norms
     // (docs/algorithm.md, "Validation and staleness"); 0 means nothing to compare with.
     const bool warm = f.norm_samples >= config_.norm_warmup;
@@ -1946,6 +1985,40 @@ class Syncer {
     return true;
   }
 
+  /// Pull rounds: u = (Theta_p - Theta_p^(b)) + v for a contribution whose
+  /// base b is one of the previous globals kept (SyncerConfig::anchor_versions),
+  /// in fp32 (c.anchored, with c.norm and c.tensor_sq recomputed on u). No-op
+  /// otherwise. False if u is not finite. Caller holds f.mutex.
+  bool anchor(std::size_t p, FragmentState& f, Checked& c) {
+    const Message& m = *c.m;
+    auto it = std::find_if(f.previous.begin(), f.previous.end(), [&](const auto& e) { return e.first == m.version; });
+    if (it == f.previous.end()) return true;
+    const std::vector<float>& old = *it->second;
+    auto u = std::make_shared<std::vector<float>>(f.theta.size());
+    if (m.payload) {
+      std::copy(m.payload->begin(), m.payload->end(), u->begin());
+    } else {
+      decode(m.encoded->codec, m.encoded->bytes, *u);
+    }
+    const auto layout = plan_.layout(p);
+    double sq = 0.0;
+    for (std::size_t t = 0; t < layout.size(); ++t) {
+      double st = 0.0;
+      for (std::size_t i = layout[t].offset; i < layout[t].offset + layout[t].size; ++i) {
+        const float x = (f.theta[i] - old[i]) + (*u)[i];
+        (*u)[i] = x;
+        st += static_cast<double>(x) * static_cast<double>(x);
+      }
+      c.tensor_sq[t] = st;
+      sq += st;
+    }
+    if (!std::isfinite(sq)) return false;
+    c.norm = std::sqrt(sq);
+    c.anchored = std::move(u);
+    ++f.anchored;
+    return true;
+  }
+
   /// Admits prechecked contributions fragment by fragment (fragments in order
   /// of first appearance, each fragment's contributions in their order, under
   /// its lock), folds the accepted ones of a fragment into its accumulator with
@@ -1974,13 +2047,16 @@ class Syncer {
 
   void accumulate(FragmentState& f, std::span<const Checked* const> items) {
     if constexpr (detail::BatchAccumulator<typename Rule::Accumulator>) {
-      if (items.size() > 1 || (items.size() == 1 && (items[0]->m->encoded || items[0]->scale != 1.0))) {
+      if (items.size() > 1 ||
+          (items.size() == 1 && (items[0]->m->encoded || items[0]->scale != 1.0 || items[0]->anchored))) {
         // Encoded payloads go in as their bytes: the accumulator decodes them
         // chunk by chunk inside its merge loops (no fp32 copy).
         std::vector<fast::Contribution> batch(items.size());
         for (std::size_t i = 0; i < items.size(); ++i) {
           const Message& m = *items[i]->m;
-          if (m.payload) {
+          if (items[i]->anchored) {
+            batch[i].values = std::span<const float>(*items[i]->anchored);
+          } else if (m.payload) {
             batch[i].values = std::span<const float>(*m.payload);
           } else {
             batch[i].codec = m.encoded->codec;
@@ -1996,13 +2072,19 @@ class Syncer {
     }
     for (const Checked* c : items) {
       const Message& m = *c->m;
-      if (m.payload && c->scale == 1.0) {
+      if (c->anchored && c->scale == 1.0) {
+        f.acc->add(std::span<const float>(*c->anchored), c->weight);
+        continue;
+      }
+      if (m.payload && c->scale == 1.0 && !c->anchored) {
         f.acc->add(std::span<const float>(*m.payload), c->weight);
         continue;
       }
       // A rule without add_batch: decode to fp32 first (checked in precheck),
       // and scale a clipped contribution's copy (one pass, clipped ones only).
-      if (m.payload) {
+      if (c->anchored) {
+        f.decoded.assign(c->anchored->begin(), c->anchored->end());
+      } else if (m.payload) {
         f.decoded.assign(m.payload->begin(), m.payload->end());
       } else {
         f.decoded.resize(m.encoded->elements);
@@ -2054,6 +2136,10 @@ class Syncer {
       if (share != 1.0f)
         for (float& x : f.delta) x *= share;
       opt_.step(f.theta, f.delta, f.state);
+    }
+    if (pull_schedule_ && config_.anchor_versions > 0) {  // Theta_p^(version) for anchor()
+      f.previous.emplace_back(f.version, f.published);
+      while (f.previous.size() > config_.anchor_versions) f.previous.pop_front();
     }
     ++f.version;
     {
@@ -2122,11 +2208,11 @@ class Syncer {
   // Contributions that arrive outside a round (a late answer) stay in the
   // accumulator and are merged in the fragment's next round.
 
-  /// Learner `l` counts for fragment p's round opened at `round_start`:
-  /// alive, joined before the round opened and trained since it joined
-  /// (eligible), and, for `reported`, trained since it last received p.
-  static bool eligible(const LearnerInfo& l, TimePoint round_start) noexcept {
-    return l.alive && l.reported && l.joined_at < round_start;
+  /// Learner `l` counts for a round whose slot is global step `slot`: alive,
+  /// joined before the slot (at a lower global step) and trained since it
+  /// joined (eligible); has_progress: trained since it last received p.
+  static bool eligible(const LearnerInfo& l, std::uint64_t slot) noexcept {
+    return l.alive && l.reported && l.join_global < slot;
   }
   static bool has_progress(const LearnerInfo& l, std::size_t p) noexcept {
     return p >= l.receipt_step.size() || l.step > l.receipt_step[p];
@@ -2187,7 +2273,7 @@ class Syncer {
         f.round.contributions = 0;
         f.round.alive = 0;
         for (const auto& [id, l] : learners_) {
-          if (!eligible(l, f.round.start)) continue;
+          if (!eligible(l, f.round_step)) continue;
           ++f.round.alive;
           if (has_progress(l, p)) ++f.round.contributions;
         }
@@ -2248,7 +2334,7 @@ class Syncer {
     {
       std::unique_lock lock(members_mutex_);
       for (const auto& [id, l] : learners_)
-        if (eligible(l, f.round.start) && has_progress(l, p)) f.pulled.insert(id);
+        if (eligible(l, f.round_step) && has_progress(l, p)) f.pulled.insert(id);
       counters_.pulls_sent += f.pulled.size();
     }
     const std::size_t from = out.size();
