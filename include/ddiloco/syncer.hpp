@@ -1139,7 +1139,10 @@ class Syncer {
       f.acc->reset();
       f.wait.emplace(Wait(config_.quorum));
       f.round = RoundState{};
-      close_pull_round(f);
+      f.phase = FragmentState::Phase::none;  // (waiting_rounds_ is cleared below: the membership lock is held)
+      f.graced = false;
+      f.pulled.clear();
+      f.answered.clear();
       f.version_steps.assign(1, {f.version, 0});
       f.previous.clear();  // the global step restarts at 0 (not saved)
       f.contributors.clear();
@@ -1213,6 +1216,7 @@ class Syncer {
     // learner's steps count from its first message after the restore.
     global_step_ = 0;
     opened_through_ = 0;
+    waiting_rounds_.clear();
     merges_total_.store(merges, std::memory_order_relaxed);
   }
 
@@ -1280,6 +1284,7 @@ class Syncer {
     std::uint64_t step = 0;                    ///< the highest inner step counter it has sent
     std::optional<std::uint64_t> join_step;    ///< its step counter at join (unset: restored, not heard yet)
     std::uint64_t join_global = 0;             ///< the global step at its join: its steps count from there
+    std::optional<std::pair<TimePoint, std::uint64_t>> step_seen;  ///< (when, step) its step counter last rose
     bool reported = false;                     ///< has trained a step since it joined (counted by the quorum)
     /// Per fragment: its step counter when the syncer last sent it that
     /// fragment (join or merge); it has progress on p once `step` is above.
@@ -1528,6 +1533,8 @@ class Syncer {
   void on_join(const Message& m, TimePoint now, Outbox& out) {
     std::uint64_t first_sequence = 0;
     std::vector<LearnerId> pruned;
+    bool new_incarnation = false;
+    std::vector<std::size_t> rounds_to_decide;
     {
       std::unique_lock lock(members_mutex_);
       auto it = learners_.find(m.learner);
@@ -1594,6 +1601,7 @@ class Syncer {
         l.step = m.step;
         l.reported = false;
         l.receipt_step.assign(fragments_.size(), m.step);
+        new_incarnation = true;
         ++counters_.joins;
       }
       l.last_seen = now;
@@ -1610,8 +1618,13 @@ class Syncer {
       Message reply = global_message(p, f, m.learner, MessageType::full_state);
       reply.sequence = first_sequence;
       out.push_back({m.learner, std::move(reply)});
+      // A new incarnation will not answer its predecessor's pull: not waited for.
+      if (new_incarnation && f.phase == FragmentState::Phase::pulling && !f.answered.contains(m.learner) &&
+          f.pulled.erase(m.learner) != 0)
+        rounds_to_decide.push_back(p);
     }
     count_out(out, from);
+    for (std::size_t p : rounds_to_decide) merge_if_due(p, out);
   }
 
   /// The join rate limits (SyncerConfig::join_interval, join_burst and, for a
@@ -1711,6 +1724,13 @@ class Syncer {
       l.step = step;
     }
     if (step <= l.step) return;
+    // The inner-step time, from any two messages of one learner (pull rounds:
+    // metadata every step), for the pull time-out.
+    const TimePoint now = l.last_seen;
+    if (l.step_seen && now > l.step_seen->first && step > l.step_seen->second)
+      step_seconds_.add(std::chrono::duration<double>(now - l.step_seen->first).count() /
+                        static_cast<double>(step - l.step_seen->second));
+    l.step_seen = std::make_pair(now, step);
     l.step = step;
     if (step <= *l.join_step) return;
     l.reported = true;
@@ -2168,7 +2188,7 @@ class Syncer {
     f.round = RoundState{};
     f.wake.reset();
     const bool pulled = f.phase == FragmentState::Phase::pulling;
-    close_pull_round(f);
+    close_pull_round(p, f);
     std::vector<LearnerId> receivers;
     {
       std::unique_lock lock(members_mutex_);
@@ -2237,7 +2257,7 @@ class Syncer {
       auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
       if (f.phase != FragmentState::Phase::none) continue;
-      f.phase = FragmentState::Phase::waiting;
+      set_phase(p, f, FragmentState::Phase::waiting);
       f.round = RoundState{};
       f.round.start = now;
       f.round_step = t;
@@ -2250,14 +2270,37 @@ class Syncer {
   }
 
   /// Asks the wait policy again about every round waiting for its quorum (a
-  /// metadata message may have made a learner count).
+  /// metadata message may have made a learner count). Only those fragments'
+  /// locks are taken: a fragment busy merging is never in that phase, so the
+  /// thread handling metadata never waits behind a merge.
   void refresh_waiting_rounds(TimePoint now, Outbox& out) {
     if (!pull_schedule_) return;
-    for (std::size_t p = 0; p < fragments_.size(); ++p) {
+    std::vector<std::size_t> waiting;
+    {
+      std::unique_lock lock(members_mutex_);
+      if (waiting_rounds_.empty()) return;
+      waiting = waiting_rounds_;
+    }
+    for (std::size_t p : waiting) {
       auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
       if (f.phase == FragmentState::Phase::waiting) decide_pull(p, f, now, out);
     }
+  }
+
+  /// Keeps waiting_rounds_ (the fragments in phase waiting) in step with f.phase. Caller holds f.mutex.
+  void set_phase(std::size_t p, FragmentState& f, typename FragmentState::Phase phase) {
+    using Phase = typename FragmentState::Phase;
+    if (f.phase == phase) return;
+    if (f.phase == Phase::waiting || phase == Phase::waiting) {
+      std::unique_lock lock(members_mutex_);
+      if (phase == Phase::waiting) {
+        waiting_rounds_.push_back(p);
+      } else {
+        std::erase(waiting_rounds_, p);
+      }
+    }
+    f.phase = phase;
   }
 
   /// The pull-mode decision for fragment p's round (steps 2-4 above). Caller holds f.mutex.
@@ -2310,7 +2353,7 @@ class Syncer {
       ++counters_.pull_rounds_empty;
       if (waiting_for_answers) ++counters_.pull_timeouts;
       lock.unlock();
-      close_pull_round(f);
+      close_pull_round(p, f);
       f.round = RoundState{};
       f.wake.reset();
       return false;
@@ -2327,7 +2370,7 @@ class Syncer {
 
   /// Sends fragment p's pull to every eligible learner with progress on p. Caller holds f.mutex.
   void start_pull(std::size_t p, FragmentState& f, TimePoint now, Outbox& out) {
-    f.phase = FragmentState::Phase::pulling;
+    set_phase(p, f, FragmentState::Phase::pulling);
     f.pulled_at = now;
     f.pulled.clear();
     f.answered.clear();
@@ -2351,28 +2394,29 @@ class Syncer {
     count_out(out, from);
   }
 
-  static void close_pull_round(FragmentState& f) {
+  /// Ends fragment p's pull round (merged, empty, or discarded by a restore). Caller holds f.mutex.
+  void close_pull_round(std::size_t p, FragmentState& f) {
     f.graced = false;
-    f.phase = FragmentState::Phase::none;
+    set_phase(p, f, FragmentState::Phase::none);
     f.pulled.clear();
     f.answered.clear();
   }
 
-  /// SyncerConfig::pull_timeout, or derived from fragment p's measured step time.
-  Duration pull_timeout(const FragmentState& f) const {
+  /// SyncerConfig::pull_timeout, or 2 (tau + 1) inner steps as measured from
+  /// the learners' step counters (quorum.deadline until one is measured).
+  Duration pull_timeout(const FragmentState&) const {
     if (config_.pull_timeout > Duration{0}) return config_.pull_timeout;
     const Duration deadline = config_.quorum.deadline;
-    if constexpr (requires { f.wait->ema_step_seconds(); }) {
-      const double step = f.wait->ema_step_seconds();
-      if (step > 0.0) {
-        const double t = 2.0 * static_cast<double>(config_.quorum.overlap + 1) * step;
-        const double cap = std::chrono::duration<double>(deadline).count();
-        if (t >= cap) return deadline;
-        return std::max<Duration>(std::chrono::milliseconds(1),
-                                  std::chrono::duration_cast<Duration>(std::chrono::duration<double>(t)));
-      }
+    double step = 0.0;
+    {
+      std::unique_lock lock(members_mutex_);
+      if (step_seconds_.has_value()) step = step_seconds_.value();
     }
-    return deadline;
+    if (!(step > 0.0)) return deadline;
+    const double t = 2.0 * static_cast<double>(config_.quorum.overlap + 1) * step;
+    if (t >= std::chrono::duration<double>(deadline).count()) return deadline;
+    return std::max<Duration>(std::chrono::milliseconds(1),
+                              std::chrono::duration_cast<Duration>(std::chrono::duration<double>(t)));
   }
 
   static constexpr bool kFused = detail::FusedFinishStep<typename Rule::Accumulator, Opt>;
@@ -2426,6 +2470,8 @@ class Syncer {
   std::optional<Schedule> pull_schedule_;
   std::uint64_t global_step_ = 0;
   std::uint64_t opened_through_ = 0;
+  std::vector<std::size_t> waiting_rounds_;  ///< fragments whose pull round waits for its quorum
+  detail::Ema step_seconds_{0.1};            ///< inner-step time over all learners' messages
 };
 
 }  // namespace ddiloco
