@@ -28,6 +28,7 @@
 // examples/plot_chaos.py draws DIR/loss_vs_time.png from them.
 #include <Eigen/Core>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -619,10 +620,20 @@ int main(int argc, char** argv) {
     if (a.m16)
       for (ddiloco::RoundMode r : {ddiloco::RoundMode::push, ddiloco::RoundMode::pull})
         plan.emplace_back(with(methods[3], r, kLargeM), Tape::stragglers);
-    std::vector<Row> rows;
-    for (const auto& [m, t] : plan) {
-      if (a.only.empty() || row_key(m, t).find(a.only) != std::string::npos) rows.push_back(run_method(ctx, m, t));
+    auto selected = [&](const Method& m, Tape t) {
+      return a.only.empty() || row_key(m, t).find(a.only) != std::string::npos;
+    };
+    if (std::none_of(plan.begin(), plan.end(), [&](const auto& mt) { return selected(mt.first, mt.second); })) {
+      std::string keys;
+      for (const auto& [m, t] : plan) keys += "\n  " + row_key(m, t);
+      std::fprintf(stderr,
+                   "chaos_demo: --only \"%s\" matches no row; pass part of one of these names%s:%s\n",
+                   a.only.c_str(), a.m16 ? "" : " (add --m16 for the M=16 rows)", keys.c_str());
+      return 2;
     }
+    std::vector<Row> rows;
+    for (const auto& [m, t] : plan)
+      if (selected(m, t)) rows.push_back(run_method(ctx, m, t));
 
     std::ostringstream md;
     md << "Equal budget: " << a.steps << " inner steps per learner (" << kLearners * a.steps * ctx.trainer.batch_size
