@@ -393,6 +393,8 @@ bool join_syncer(const ddiloco::Plan& plan, ddiloco::InProcessNetwork& net, cons
   auto link = net.syncer();
   ddiloco::SyncerConfig sc;
   sc.quorum.min_quorum = 1;
+  sc.round = outer.config().round;  // a join states its round mode
+  if (sc.round == ddiloco::RoundMode::pull) sc.sync_every = outer.config().sync_every;
   ddiloco::Syncer<ddiloco::WeightedAverage, ddiloco::AverageOnly, ddiloco::UniformWeights> syncer(
       plan, std::vector<float>(plan.total_numel(), 0.5f), clock, sc);
   outer.begin_join(params);
@@ -462,7 +464,20 @@ struct FramingTransport {
     return encoding ? std::optional<Codec>(codec) : std::nullopt;
   }
   ddiloco::OutgoingPayload contribution_buffer(std::size_t bytes) { return framer.lend(bytes); }
+  /// Pull rounds' per-step metadata: framed as the ZeroMQ transport frames it
+  /// (true) or dropped unframed (false: the step's own cost); never delivered.
+  bool frame_metadata = true;
+  std::size_t metadata = 0;
   bool send(ddiloco::Message&& m) {
+    if (m.type == ddiloco::MessageType::metadata) {
+      ++metadata;
+      if (frame_metadata) {
+        const auto frame = framer.frame(m, Codec::fp32);
+        benchmark::DoNotOptimize(frame->data.get());
+        frame_bytes = frame->size;
+      }
+      return true;
+    }
     if (m.type != ddiloco::MessageType::contribution) return inner.send(std::move(m));
     const auto frame = framer.frame(m, codec);
     benchmark::DoNotOptimize(frame->data.get());
@@ -474,6 +489,41 @@ struct FramingTransport {
   [[nodiscard]] bool failed() const { return inner.failed(); }
   [[nodiscard]] const ddiloco::Clock& clock() const noexcept { return inner.clock(); }
 };
+
+/// OuterLoop::step() in pull rounds with nothing pulled (the plan of
+/// BM_LearnerStepNothingDue): the step plus its metadata message. Argument 1
+/// frames each metadata as ZmqLearnerTransport does (88-byte header, CRC32C)
+/// before dropping it; argument 0 drops it unframed, leaving the step's own
+/// cost. The ZeroMQ send itself is BM_LearnerStepNothingDueZmq's business.
+void BM_LearnerStepNothingDuePull(benchmark::State& state) {
+  using Flat = std::vector<float>;
+  constexpr std::size_t kP = 24;
+  std::vector<ddiloco::TensorSpec> specs;
+  for (std::size_t t = 0; t < kP; ++t) {
+    std::string name = std::to_string(t);
+    name.insert(name.begin(), 't');
+    specs.push_back({name, 1024, false});
+  }
+  const ddiloco::Plan plan = ddiloco::make_plan(specs, kP);
+  ddiloco::VirtualClock clock;
+  ddiloco::InProcessNetwork net(clock);
+  FramingTransport tr{net.learner(1)};
+  tr.frame_metadata = state.range(0) == 1;
+  ddiloco::OuterLoopConfig lc;
+  lc.id = 1;
+  lc.sync_every = kP;
+  lc.round = ddiloco::RoundMode::pull;
+  ddiloco::OuterLoop<FramingTransport, Flat> outer(plan, tr, lc);
+  std::vector<Flat> params(kP, Flat(1024, 0.0f));
+  if (!join_syncer(plan, net, clock, outer, params)) {
+    state.SkipWithError("the learner did not join");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(outer.step(params, 1));
+  state.counters["metadata"] = static_cast<double>(tr.metadata);
+  state.counters["frame_bytes"] = static_cast<double>(tr.frame_bytes);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
 
 /// The due step as a user's trainer pays for it: OuterLoop::step() with the one
 /// fragment (16 tensors, 2^log2n elements in all) due at every step, through
@@ -590,5 +640,6 @@ BENCHMARK_TEMPLATE(BM_LearnerDueReference, Codec::int4)->Arg(24)->Unit(benchmark
 BENCHMARK_TEMPLATE(BM_LearnerSendPath, Codec::fp32)->Args({24, 1})->Args({24, 0})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_LearnerSendPath, Codec::int4)->Args({24, 1})->Args({24, 0})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_LearnerStepNothingDue)->Iterations(60000)->Unit(benchmark::kNanosecond);
+BENCHMARK(BM_LearnerStepNothingDuePull)->Arg(0)->Arg(1)->Iterations(60000)->Repetitions(5)->Unit(benchmark::kNanosecond);
 
 BENCHMARK_MAIN();
