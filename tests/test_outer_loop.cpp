@@ -1425,3 +1425,22 @@ TEST_CASE("Pull rounds: a learner in push mode is refused by a pull syncer, nami
     CHECK(what.find("--round") != std::string::npos);
   }
 }
+
+TEST_CASE("Pull rounds: a duplicated pull is answered once", "[outer_loop][pull]") {
+  FaultTape tape(3);
+  MessageFaults f;
+  f.duplicate = 1.0;  // every message twice, pulls included
+  tape.set_message_faults(f);
+  Rig r(1024, tape, pull_config(1));
+  VecParams a = zero_params();
+  auto ta = r.net.learner(1);
+  Outer la(r.plan, ta, pull_learner(1, 1));
+  r.join(la, a);
+  for (int s = 1; s <= 5; ++s) {
+    inner_step(a), la.step(a, 16);
+    r.pump();
+  }
+  CHECK(la.status().pulls == 2);  // fragment 1 at slot 2, fragment 0 at slot 4
+  CHECK(la.status().sends == 2);
+  CHECK(r.syncer.status().fragments[1].last_quorum_size == 1);
+}

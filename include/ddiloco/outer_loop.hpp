@@ -288,7 +288,7 @@ class OuterLoop {
     pending_.clear();
     pulls_.clear();
     arrived_.clear();
-    for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false, {}, 0};
+    for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false, {}, 0, {}};
     send_join();
   }
 
@@ -442,6 +442,8 @@ class OuterLoop {
     bool received = false;
     Payload global;  ///< newest global received (global_fragment()), shared with `latest`: no copy
     std::uint64_t global_version = 0;
+    /// Pull rounds: (slot, version) of the newest pull taken.
+    std::optional<std::pair<std::uint64_t, std::uint64_t>> pulled_round;
 
     [[nodiscard]] bool has_newer() const noexcept { return latest && latest_version > base_version; }
   };
@@ -553,6 +555,15 @@ class OuterLoop {
         ++status_.ignored;
         return;
       }
+      // One answer per round: a duplicate of the newest pull taken (same slot
+      // m.step, same version) is ignored. (Not "older than": a restored syncer
+      // counts global steps from 0 again.)
+      auto& f = frags_[m.fragment];
+      if (f.pulled_round && *f.pulled_round == std::make_pair(m.step, m.version)) {
+        ++status_.ignored;
+        return;
+      }
+      f.pulled_round = std::make_pair(m.step, m.version);
       ++status_.pulls;
       if (std::find(pulls_.begin(), pulls_.end(), m.fragment) == pulls_.end()) pulls_.push_back(m.fragment);
       return;
