@@ -280,13 +280,98 @@ void BM_syncer_send_merged(benchmark::State& state) {
 
 // ---- the learner's step ----------------------------------------------------
 
+/// A learner joined over ZeroMQ (plaintext, loopback) to a Syncer +
+/// SyncerRuntime (its default 2 workers, as ddiloco.Syncer builds them) on
+/// their own threads, its tensors spans over caller-owned memory, as
+/// ddiloco.Learner's CPU parameters are: the setting of both learner-step
+/// benchmarks. Leaves and stops the runtime when it goes.
+struct LoopbackLearner {
+  using Syncer = ddiloco::Syncer<ddiloco::fast::RadialDirectional, ddiloco::NesterovSGD>;
+  struct Options {
+    ddiloco::SyncerConfig syncer;     ///< the syncer's configuration
+    ddiloco::OuterLoopConfig learner;  ///< the learner's (its id is set to 1)
+    /// size_for_plan on both sides, the syncer keeping contributions in their
+    /// wire encoding, the learner sending fp32 (the Python binding's settings).
+    bool sized = false;
+  };
+
+  ddiloco::Plan plan;
+  ddiloco::SteadyClock clock;
+  Syncer syncer;
+  ddiloco::ZmqSyncerTransport served;
+  ddiloco::SyncerRuntime<Syncer, ddiloco::ZmqSyncerTransport> runtime;
+  ddiloco::ZmqLearnerTransport link;
+  ddiloco::OuterLoop<ddiloco::ZmqLearnerTransport, std::span<float>> outer;
+  std::vector<float> storage;
+  std::vector<std::span<float>> params;
+
+  LoopbackLearner(ddiloco::Plan p, const Options& o)
+      : plan(std::move(p)),
+        syncer(plan, std::vector<float>(plan.total_numel(), 0.0f), clock, o.syncer),
+        served(served_config(plan, o), clock),
+        runtime(syncer, served),
+        link(learner_config(plan, o, served.endpoint()), clock),
+        outer(plan, link, with_id(o.learner)),
+        storage(plan.total_numel(), 0.0f) {
+    runtime.start();
+    std::size_t at = 0;
+    for (const auto& t : plan.tensors()) {
+      params.emplace_back(storage.data() + at, t.numel);
+      at += t.numel;
+    }
+  }
+  LoopbackLearner(const LoopbackLearner&) = delete;
+  LoopbackLearner& operator=(const LoopbackLearner&) = delete;
+  ~LoopbackLearner() {
+    if (outer.joined()) outer.leave();
+    runtime.stop();
+  }
+
+  /// Joins the syncer; false, with the error on `state`, if that failed.
+  bool join(benchmark::State& state) {
+    try {
+      outer.join(params);
+      return true;
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      return false;
+    }
+  }
+
+ private:
+  static ddiloco::ZmqSyncerConfig served_config(const ddiloco::Plan& plan, const Options& o) {
+    ddiloco::ZmqSyncerConfig sc;
+    sc.bind = "tcp://127.0.0.1:*";
+    sc.security = ddiloco::ZmqSecurity::plaintext();
+    if (o.sized) {
+      sc.keep_contributions_encoded = true;
+      ddiloco::size_for_plan(sc, plan);
+    }
+    return sc;
+  }
+  static ddiloco::ZmqLearnerConfig learner_config(const ddiloco::Plan& plan, const Options& o,
+                                                  const std::string& endpoint) {
+    ddiloco::ZmqLearnerConfig lcz;
+    lcz.connect = endpoint;
+    lcz.id = 1;
+    lcz.security = ddiloco::ZmqSecurity::plaintext();
+    if (o.sized) {
+      lcz.codec = ddiloco::Codec::fp32;
+      ddiloco::size_for_plan(lcz, plan);
+    }
+    return lcz;
+  }
+  static ddiloco::OuterLoopConfig with_id(ddiloco::OuterLoopConfig lc) {
+    lc.id = 1;
+    return lc;
+  }
+};
+
 /// OuterLoop::step when no fragment is due (and nothing arrives): P = 24
 /// fragments of one 1024-float tensor each, H = 24 x 2^16, so no send happens
-/// for 2^16 steps; the learner is joined over ZeroMQ (plaintext, loopback) to a
-/// Syncer + SyncerRuntime on their own threads, and its tensors are spans over
-/// caller-owned memory, as ddiloco.Learner's CPU parameters are. What a step
-/// costs here: the transport's non-blocking drain and the schedule check. Its
-/// Python twin is bench/python_step.py (the same setting through the binding).
+/// for 2^16 steps, in the LoopbackLearner setting. What a step costs here: the
+/// transport's non-blocking drain and the schedule check. Its Python twin is
+/// bench/python_step.py (the same setting through the binding).
 void BM_LearnerStepNothingDueZmq(benchmark::State& state) {
   constexpr std::size_t kP = 24, kN = 1024;
   std::vector<ddiloco::TensorSpec> specs;
@@ -295,104 +380,44 @@ void BM_LearnerStepNothingDueZmq(benchmark::State& state) {
     name.insert(name.begin(), 't');
     specs.push_back({name, kN, false});
   }
-  const ddiloco::Plan plan = ddiloco::make_plan(specs, kP);
-  const std::vector<float> init(kP * kN, 0.0f);
-  const ddiloco::SteadyClock clock;
-  ddiloco::Syncer<ddiloco::fast::RadialDirectional, ddiloco::NesterovSGD> syncer(plan, init, clock);
-  ddiloco::ZmqSyncerConfig sc;
-  sc.bind = "tcp://127.0.0.1:*";
-  sc.security = ddiloco::ZmqSecurity::plaintext();
-  ddiloco::ZmqSyncerTransport served(sc, clock);
-  ddiloco::SyncerRuntime<decltype(syncer), ddiloco::ZmqSyncerTransport> runtime(syncer, served);
-  runtime.start();
-  ddiloco::ZmqLearnerConfig lcz;
-  lcz.connect = served.endpoint();
-  lcz.id = 1;
-  lcz.security = ddiloco::ZmqSecurity::plaintext();
-  ddiloco::ZmqLearnerTransport link(lcz, clock);
-  ddiloco::OuterLoopConfig lc;
-  lc.id = 1;
-  lc.sync_every = kP << 16;
-  ddiloco::OuterLoop<ddiloco::ZmqLearnerTransport, std::span<float>> outer(plan, link, lc);
-  std::vector<float> storage(kP * kN, 0.0f);
-  std::vector<std::span<float>> params;
-  for (std::size_t t = 0; t < kP; ++t) params.emplace_back(storage.data() + t * kN, kN);
-  try {
-    outer.join(params);
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-    runtime.stop();
-    return;
-  }
+  LoopbackLearner::Options o;
+  o.learner.sync_every = kP << 16;
+  LoopbackLearner l(ddiloco::make_plan(specs, kP), o);
+  if (!l.join(state)) return;
   std::size_t sent = 0;
   for (auto _ : state) {
-    const auto report = outer.step(params, 1);
+    const auto report = l.outer.step(l.params, 1);
     sent += report.sent ? 1 : 0;
   }
   state.counters["sent"] = static_cast<double>(sent);
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
-  outer.leave();
-  runtime.stop();
 }
 
 /// Decoupled DiLoCo's due case, the C++ twin of bench/python_step.py's `due`:
-/// one fragment of 2^20 floats (P = 1, H = 2, tau = 1), the learner joined over
-/// ZeroMQ (plaintext, loopback, fp32 codec, size_for_plan on both sides, a
-/// Syncer + SyncerRuntime with its default 2 workers, as ddiloco.Syncer builds
-/// them). One iteration is a pair of steps: one sends the fragment (encoded
-/// into the ZeroMQ frame), the other applies the merged global if it has
-/// arrived (never waiting). 10 pairs per repetition, 15 repetitions: the
-/// Python side's 15 batches of 10 pairs.
+/// one fragment of 2^20 floats (P = 1, H = 2, tau = 1) in the LoopbackLearner
+/// setting, sized (fp32 codec, size_for_plan on both sides). One iteration is
+/// a pair of steps: one sends the fragment (encoded into the ZeroMQ frame),
+/// the other applies the merged global if it has arrived (never waiting). 10
+/// pairs per repetition, 15 repetitions: the Python side's 15 batches of 10 pairs.
 void BM_LearnerStepFragmentDueZmq(benchmark::State& state) {
   constexpr std::size_t kN = std::size_t{1} << 20;
-  const std::vector<ddiloco::TensorSpec> specs{{"w", kN, false}};
-  const ddiloco::Plan plan = ddiloco::make_plan(specs, 1);
-  const std::vector<float> init(kN, 0.0f);
-  const ddiloco::SteadyClock clock;
-  ddiloco::SyncerConfig cfg;
-  cfg.quorum.overlap = 1;
-  ddiloco::Syncer<ddiloco::fast::RadialDirectional, ddiloco::NesterovSGD> syncer(plan, init, clock, cfg);
-  ddiloco::ZmqSyncerConfig sc;
-  sc.bind = "tcp://127.0.0.1:*";
-  sc.security = ddiloco::ZmqSecurity::plaintext();
-  sc.keep_contributions_encoded = true;
-  ddiloco::size_for_plan(sc, plan);
-  ddiloco::ZmqSyncerTransport served(sc, clock);
-  ddiloco::SyncerRuntime<decltype(syncer), ddiloco::ZmqSyncerTransport> runtime(syncer, served);
-  runtime.start();
-  ddiloco::ZmqLearnerConfig lcz;
-  lcz.connect = served.endpoint();
-  lcz.id = 1;
-  lcz.security = ddiloco::ZmqSecurity::plaintext();
-  lcz.codec = ddiloco::Codec::fp32;
-  ddiloco::size_for_plan(lcz, plan);
-  ddiloco::ZmqLearnerTransport link(lcz, clock);
-  ddiloco::OuterLoopConfig lc;
-  lc.id = 1;
-  lc.sync_every = 2;
-  lc.overlap = 1;
-  ddiloco::OuterLoop<ddiloco::ZmqLearnerTransport, std::span<float>> outer(plan, link, lc);
-  std::vector<float> storage(kN, 0.0f);
-  std::vector<std::span<float>> params{std::span<float>(storage.data(), kN)};
-  try {
-    outer.join(params);
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-    runtime.stop();
-    return;
-  }
+  LoopbackLearner::Options o;
+  o.syncer.quorum.overlap = 1;
+  o.learner.sync_every = 2;
+  o.learner.overlap = 1;
+  o.sized = true;
+  LoopbackLearner l(ddiloco::make_plan({{"w", kN, false}}, 1), o);
+  if (!l.join(state)) return;
   std::size_t sent = 0, applied = 0;
   for (auto _ : state) {
-    const auto a = outer.step(params, 1);
-    const auto b = outer.step(params, 1);
+    const auto a = l.outer.step(l.params, 1);
+    const auto b = l.outer.step(l.params, 1);
     sent += (a.sent ? 1 : 0) + (b.sent ? 1 : 0);
     applied += a.applied + b.applied;
   }
   state.counters["sent"] = static_cast<double>(sent);
   state.counters["applied"] = static_cast<double>(applied);
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
-  outer.leave();
-  runtime.stop();
 }
 
 void sizes(benchmark::internal::Benchmark* b) {

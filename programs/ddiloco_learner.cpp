@@ -91,6 +91,9 @@ int main(int argc, char** argv) try {
   f.add("stop-file", "",
         "stop (leave, exit 0) after the inner step at which this file exists; tests use it to keep a learner "
         "training until they have seen what they wait for");
+  f.add("pause-after-steps", "0",
+        "after this inner step (and its progress line, if one is due) stop the process with SIGSTOP until SIGCONT, "
+        "still joined; tests freeze learners at an exact step this way (0: never)");
   f.add("seed", "1", "seed of the model's initial values (must match the syncer's)");
   f.add("fragments", "5", "P (must match the syncer)");
   f.add("sync-every", "24", "H: inner steps between two syncs of a fragment");
@@ -116,6 +119,10 @@ int main(int argc, char** argv) try {
   cli::add_metrics_flags(f);
   if (!f.parse(argc, argv)) return 0;
   cli::check_metrics_flags(f, "ddiloco_learner");
+  if (f.count("steps") != 0 && f.count("pause-after-steps") > f.count("steps"))
+    throw InvalidArgument("--pause-after-steps = " + std::to_string(f.count("pause-after-steps")) +
+                          " is beyond --steps = " + std::to_string(f.count("steps")) +
+                          ": it would never pause; pass at most --steps, or 0");
 
   const auto corpus = ref::load_fortunes();
   ref::TrainerConfig tc;
@@ -171,6 +178,7 @@ int main(int argc, char** argv) try {
   const auto t0 = std::chrono::steady_clock::now();
   double loss_sum = 0;
   const std::string stop_file = f.str("stop-file");
+  const std::size_t pause_after = f.count("pause-after-steps");
   std::uint64_t rejoins = 0;
   bool rejoining = false;
   for (std::size_t s = 1; steps == 0 || s <= steps; ++s) {
@@ -217,6 +225,11 @@ int main(int argc, char** argv) try {
                   static_cast<unsigned long long>(st.rejoins));
       std::fflush(stdout);
       loss_sum = 0;
+    }
+    if (s == pause_after) {
+      std::printf("learner %u: pausing after step %zu (SIGSTOP)\n", zc.id, s);
+      std::fflush(stdout);
+      std::raise(SIGSTOP);
     }
   }
   outer.leave();

@@ -15,6 +15,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "syncer_test_util.hpp"
+
 #include <sstream>
 #include <string>
 
@@ -36,31 +38,15 @@ double sample(const std::string& exposition, const std::string& series) {
   return std::nan("");
 }
 
-Plan two_fragments() { return make_plan({{"w", 4, false}, {"b", 2, false}}, 2); }
+Plan two_fragments() { return test::small_plan(); }
 
+/// A contribution with an honest step counter: 10 steps per contribution since the join.
 Message contribution(const Plan& plan, LearnerId id, std::size_t p, std::uint64_t seq, std::uint64_t version = 0) {
-  Message m;
-  m.type = MessageType::contribution;
-  m.fingerprint = plan.fingerprint();
-  m.learner = id;
-  m.fragment = static_cast<std::uint32_t>(p);
-  m.version = version;
-  m.sequence = seq;
-  m.steps = 10;
-  m.tokens = 100;
-  m.step = 10 * (seq & 0xffffffffu);  // an honest step counter: 10 steps per contribution since the join
-  m.payload = make_payload(std::vector<float>(plan.fragments()[p].numel, 0.1f));
-  return m;
+  return test::contribution_message(plan, id, p, seq, version, test::filled(plan, p, 0.1f),
+                                    {10, 100, 10 * (seq & 0xffffffffu)});
 }
 
-Message join(const Plan& plan, LearnerId id) {
-  Message m;
-  m.type = MessageType::join;
-  m.fingerprint = plan.fingerprint();
-  m.learner = id;
-  m.sequence = 1000 + id;
-  return m;
-}
+Message join(const Plan& plan, LearnerId id) { return test::join_message(plan, id, 1000 + id); }
 
 struct FakeTransportCounters {
   std::uint64_t frames_in = 0, frames_out = 0, bytes_in = 0, bytes_out = 0, send_dropped = 0, decode_errors = 0;
@@ -73,17 +59,14 @@ TEST_CASE("Syncer metrics follow the syncer's status: merges, quorum sizes, reje
           "[metrics]") {
   VirtualClock clock;
   const Plan plan = two_fragments();
-  SyncerConfig c;
-  c.quorum.min_quorum = 2;
-  c.quorum.grace = false;
-  c.quorum.deadline = 10s;
-  c.heartbeat_timeout = 5s;
+  SyncerConfig c = test::quorum_config(2);
+  c.participation_scaling = true;  // as a syncer runs
   Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, c);
   prometheus::Registry registry;
   SyncerMetrics metrics(registry, {.min_quorum = c.quorum.min_quorum});
   Outbox out;
   for (LearnerId id : {1u, 2u, 3u}) s.handle(join(plan, id), out);
-  const std::uint64_t seq0 = std::uint64_t{1} << 32;
+  const std::uint64_t seq0 = test::kSeq0;
   s.handle(contribution(plan, 1, 0, seq0 + 1), out);
   s.handle(contribution(plan, 2, 0, seq0 + 1), out);  // quorum of 2: merge
   s.handle(contribution(plan, 2, 0, seq0 + 1), out);  // replay: duplicate
@@ -148,7 +131,7 @@ TEST_CASE("A baseline (a syncer restored from a checkpoint) is not counted; what
   Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, c);
   Outbox out;
   s.handle(join(plan, 1), out);
-  const std::uint64_t seq0 = std::uint64_t{1} << 32;
+  const std::uint64_t seq0 = test::kSeq0;
   s.handle(contribution(plan, 1, 0, seq0 + 1), out);
   s.handle(contribution(plan, 1, 0, seq0 + 1), out);  // duplicate
   prometheus::Registry registry;

@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "syncer_test_util.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -19,9 +21,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Two fragments: {w (4 elements)} and {b (2 elements)}; BalancedGreedy puts the
-// larger tensor alone.
-Plan small_plan() { return make_plan({{"w", 4, false}, {"b", 2, false}}, 2); }
+using test::kSeq0;
+using test::small_plan;
 
 struct Rig {
   VirtualClock clock;
@@ -32,58 +33,26 @@ struct Rig {
 
   template <class S>
   void join(S& s, LearnerId id, std::uint64_t nonce = 0) {
-    Message m;
-    m.type = MessageType::join;
-    m.fingerprint = plan.fingerprint();
-    m.learner = id;
-    m.sequence = nonce ? nonce : ++nonces;
-    s.handle(m, out);
+    s.handle(test::join_message(plan, id, nonce ? nonce : ++nonces), out);
   }
   std::uint64_t nonces = 100;
   Message contribution(LearnerId id, std::size_t fragment, float value, std::uint64_t seq,
                        std::uint64_t version = 0, std::int64_t steps = 10, std::int64_t tokens = 100) const {
-    Message m;
-    m.type = MessageType::contribution;
-    m.fingerprint = plan.fingerprint();
-    m.learner = id;
-    m.fragment = static_cast<std::uint32_t>(fragment);
-    m.version = version;
-    m.sequence = seq;
-    m.steps = steps;
-    m.tokens = tokens;
-    m.step = steps_so_far[id] += static_cast<std::uint64_t>(steps);  // an honest step counter
-    m.payload = make_payload(std::vector<float>(plan.fragments()[fragment].numel, value));
-    return m;
+    return test::contribution_message(plan, id, fragment, seq, version, test::filled(plan, fragment, value),
+                                      {steps, tokens, steps_so_far.advance(id, steps)});
   }
   /// Each learner's inner step counter: the syncer bounds a contribution's
   /// steps by its advance since the learner's previous contribution.
-  mutable std::map<LearnerId, std::uint64_t> steps_so_far;
+  mutable test::StepCounters steps_so_far;
   std::size_t fragment_of_w() const { return plan.fragment_of(0); }
   // First sequence number of a learner's first incarnation (see Syncer::on_join).
-  static std::uint64_t seq0() { return std::uint64_t{1} << 32; }
-  std::size_t count(MessageType t) const {
-    return static_cast<std::size_t>(
-        std::count_if(out.begin(), out.end(), [t](const Outgoing& o) { return o.message.type == t; }));
-  }
+  static std::uint64_t seq0() { return kSeq0; }
+  std::size_t count(MessageType t) const { return test::count_of(out, t); }
   /// Receivers of the global_fragment messages in `out`, sorted.
-  std::vector<LearnerId> global_receivers() const {
-    std::vector<LearnerId> ids;
-    for (const auto& o : out)
-      if (o.message.type == MessageType::global_fragment) ids.push_back(o.to);
-    std::sort(ids.begin(), ids.end());
-    return ids;
-  }
+  std::vector<LearnerId> global_receivers() const { return test::global_receivers(out); }
 };
 
-SyncerConfig k_of(std::size_t k, bool grace = false) {
-  SyncerConfig c;
-  c.quorum.min_quorum = k;
-  c.quorum.grace = grace;
-  c.quorum.deadline = 10s;
-  c.heartbeat_timeout = 5s;
-  c.participation_scaling = false;  // exact merge arithmetic; the scaling has its own test
-  return c;
-}
+SyncerConfig k_of(std::size_t k, bool grace = false) { return test::quorum_config(k, grace); }
 
 }  // namespace
 
@@ -99,7 +68,7 @@ struct JoinedSyncer {
     before = s.global_parameters();
   }
   [[nodiscard]] std::uint64_t rejected(RejectReason why) const {
-    return s.status().rejected[static_cast<std::size_t>(why)];
+    return test::rejected(s.status(), why);
   }
 };
 
@@ -161,10 +130,7 @@ TEST_CASE("Below the quorum the hard deadline forces a merge of what has arrived
   r.clock.advance(9s);
   // Keep the others alive so only the deadline can end the round.
   for (LearnerId id : {2u, 3u}) {
-    Message hb;
-    hb.type = MessageType::heartbeat;
-    hb.fingerprint = r.plan.fingerprint();
-    hb.learner = id;
+    const Message hb = test::control_message(r.plan, MessageType::heartbeat, id);
     s.handle(hb, r.out);
   }
   s.tick(r.out);
@@ -263,10 +229,7 @@ TEST_CASE("A deadline merge is counted and its round time is the deadline", "[sy
   s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 1), r.out);
   r.clock.advance(9s);
   for (LearnerId id : {2u, 3u}) {  // kept alive: only the deadline (10 s) ends the round
-    Message hb;
-    hb.type = MessageType::heartbeat;
-    hb.fingerprint = r.plan.fingerprint();
-    hb.learner = id;
+    const Message hb = test::control_message(r.plan, MessageType::heartbeat, id);
     s.handle(hb, r.out);
   }
   s.tick(r.out);
@@ -450,10 +413,7 @@ TEST_CASE("A silent learner is declared dead after the heartbeat time-out and re
   r.join(s, 2);
   CHECK(s.alive() == 2);
   r.clock.advance(3s);
-  Message hb;
-  hb.type = MessageType::heartbeat;
-  hb.fingerprint = r.plan.fingerprint();
-  hb.learner = 1;
+  Message hb = test::control_message(r.plan, MessageType::heartbeat, 1);
   s.handle(hb, r.out);
   r.clock.advance(2s);  // learner 2 silent for 5 s = time-out
   s.tick(r.out);
@@ -484,10 +444,7 @@ TEST_CASE("A learner that leaves no longer receives fragments; a scavenged learn
   Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, k_of(1));
   r.join(s, 1);
   r.join(s, 2);
-  Message leave;
-  leave.type = MessageType::leave;
-  leave.fingerprint = r.plan.fingerprint();
-  leave.learner = 2;
+  const Message leave = test::control_message(r.plan, MessageType::leave, 2);
   s.handle(leave, r.out);
   CHECK(s.alive() == 1);
   r.join(s, 9);  // scavenged extra learner
@@ -666,10 +623,7 @@ TEST_CASE("With send_merged_to = contributors a contributor that left before the
   for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
   const auto p = r.fragment_of_w();
   s.handle(r.contribution(1, p, 0.2f, Rig::seq0() + 1), r.out);
-  Message leave;
-  leave.type = MessageType::leave;
-  leave.fingerprint = r.plan.fingerprint();
-  leave.learner = 1;
+  const Message leave = test::control_message(r.plan, MessageType::leave, 1);
   s.handle(leave, r.out);
   r.out.clear();
   // Learner 1's contribution still counts: learner 2's forms the quorum.
@@ -1060,11 +1014,7 @@ TEST_CASE("At K = 1 contributions handled as one batch land in one merge; a join
   CHECK(s.status().fragments[p].last_quorum_size == 3);
   CHECK(r.global_receivers() == std::vector<LearnerId>{1, 2, 3});  // one global each
   r.out.clear();
-  Message join;
-  join.type = MessageType::join;
-  join.fingerprint = r.plan.fingerprint();
-  join.learner = 4;
-  join.sequence = 4444;
+  const Message join = test::join_message(r.plan, 4, 4444);
   std::vector<Message> cut = {r.contribution(1, p, 0.1f, Rig::seq0() + 2, 1), join,
                               r.contribution(2, p, 0.2f, Rig::seq0() + 2, 1)};
   s.handle_batch(cut, r.out);
@@ -1233,11 +1183,8 @@ TEST_CASE("A join with another plan or schedule is answered with a join_refused 
   r.config.sync_every = 24;
   r.config.quorum.overlap = 2;
   Syncer<> s(r.plan, r.init, r.clock, r.config);
-  Message join;
-  join.type = MessageType::join;
-  join.fingerprint = r.plan.fingerprint() ^ 0xff;
-  join.learner = 3;
-  join.sequence = 77;
+  Message join = test::join_message(r.plan, 3, 77);
+  join.fingerprint ^= 0xff;
   s.handle(join, r.out);
   REQUIRE(r.out.size() == 1);
   const Message& no = r.out[0].message;
@@ -1283,11 +1230,8 @@ TEST_CASE("An observer gets the global state, is rate limited per id and in tota
   r.config.observe_burst = 2;
   Syncer<> s(r.plan, r.init, r.clock, r.config);
   auto observe = [&](LearnerId id, std::uint64_t fingerprint) {
-    Message m;
-    m.type = MessageType::observe;
+    Message m = test::control_message(r.plan, MessageType::observe, id, 1000 + id);
     m.fingerprint = fingerprint;
-    m.learner = id;
-    m.sequence = 1000 + id;
     r.out.clear();
     s.handle(m, r.out);
     return r.out;
@@ -1323,8 +1267,7 @@ TEST_CASE("Refusal records are rate limited and say how many were left out", "[s
   r.config.refusal_log_burst = 2;
   r.config.refusal_log_interval = 10s;
   Syncer<> s(r.plan, r.init, r.clock, r.config);
-  Message join;
-  join.type = MessageType::join;
+  Message join = test::join_message(r.plan, 0, 0);
   join.fingerprint = r.plan.fingerprint() + 1;
   for (LearnerId id = 0; id < 5; ++id) {
     join.learner = id;
@@ -1367,10 +1310,7 @@ TEST_CASE("An unknown learner's contribution or heartbeat is answered with a rej
   CHECK(ask.learner == 7);
   CHECK(ask.fingerprint == r.plan.fingerprint());
   CHECK(!ask.payload);
-  Message beat;
-  beat.type = MessageType::heartbeat;
-  beat.fingerprint = r.plan.fingerprint();
-  beat.learner = 7;
+  const Message beat = test::control_message(r.plan, MessageType::heartbeat, 7);
   for (int i = 0; i < 5; ++i) s.handle(beat, r.out);  // a flood within the interval: counted, not answered
   s.handle(r.contribution(7, p, 0.1f, Rig::seq0() + 2), r.out);
   CHECK(rejoins_to(7) == 1);

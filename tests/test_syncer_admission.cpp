@@ -12,6 +12,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "syncer_test_util.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -33,12 +35,8 @@ constexpr std::int64_t kHuge = std::int64_t{1} << 62;
 Plan admission_plan() { return make_plan({{"w", 48, false}, {"e", 16, true}, {"b", 40, false}}, 2); }
 
 SyncerConfig base_config(std::size_t k) {
-  SyncerConfig c;
-  c.quorum.min_quorum = k;
-  c.quorum.grace = false;
-  c.quorum.deadline = 10s;
+  SyncerConfig c = test::quorum_config(k);  // participation scaling off: merges identical whoever else is alive
   c.heartbeat_timeout = 600s;
-  c.participation_scaling = false;  // merges identical whoever else is alive
   c.sync_every = kH;
   c.quorum.overlap = kTau;
   return c;
@@ -50,17 +48,14 @@ struct Driver {
   Plan plan = admission_plan();
   std::vector<float> init = std::vector<float>(plan.total_numel(), 0.5f);
   Outbox out;
-  std::map<LearnerId, std::uint64_t> step;  ///< each learner's inner step counter
-  std::map<LearnerId, std::uint64_t> seq;   ///< each learner's last sequence number
+  test::StepCounters step;                 ///< each learner's inner step counter
+  std::map<LearnerId, std::uint64_t> seq;  ///< each learner's last sequence number
 
-  static std::uint64_t seq0() { return std::uint64_t{1} << 32; }
+  static std::uint64_t seq0() { return test::kSeq0; }
 
+  /// A join stating the schedule (H, tau) and the learner's batch.
   Message join_message(LearnerId id, std::uint64_t tokens_per_step = kTokensPerStep) const {
-    Message m;
-    m.type = MessageType::join;
-    m.fingerprint = plan.fingerprint();
-    m.learner = id;
-    m.sequence = 1000 + id;
+    Message m = test::join_message(plan, id, 1000 + id);
     m.steps = static_cast<std::int64_t>(kH);
     m.tokens = static_cast<std::int64_t>(kTau);
     m.version = tokens_per_step;
@@ -77,18 +72,9 @@ struct Driver {
   /// A contribution of `values` with honest counters (H steps of
   /// kTokensPerStep tokens, the step counter advanced by H) unless overridden.
   Message contribution(LearnerId id, std::size_t p, std::vector<float> values, std::uint64_t version) {
-    Message m;
-    m.type = MessageType::contribution;
-    m.fingerprint = plan.fingerprint();
-    m.learner = id;
-    m.fragment = static_cast<std::uint32_t>(p);
-    m.version = version;
-    m.sequence = ++seq[id];
-    m.steps = static_cast<std::int64_t>(kH);
-    m.tokens = static_cast<std::int64_t>(kH * kTokensPerStep);
-    m.step = step[id] += kH;
-    m.payload = make_payload(std::move(values));
-    return m;
+    constexpr auto h = static_cast<std::int64_t>(kH);
+    return test::contribution_message(plan, id, p, ++seq[id], version, std::move(values),
+                                      {h, h * static_cast<std::int64_t>(kTokensPerStep), step.advance(id, h)});
   }
 
   std::size_t numel(std::size_t p) const { return plan.fragments()[p].numel; }
@@ -121,7 +107,7 @@ double distance(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(s);
 }
 
-std::uint64_t rejected(const SyncerStatus& s, RejectReason r) { return s.rejected[static_cast<std::size_t>(r)]; }
+using test::rejected;
 
 constexpr LearnerId kHonest = 3;   // learners 1..3
 constexpr LearnerId kPoisoner = 4;

@@ -7,8 +7,9 @@
 
 #include <catch2/catch.hpp>
 
+#include "syncer_test_util.hpp"
+
 #include <algorithm>
-#include <map>
 
 using namespace ddiloco;
 using namespace std::chrono_literals;
@@ -17,20 +18,10 @@ namespace {
 
 using AvgSyncer = Syncer<WeightedAverage, AverageOnly>;
 
-// Two fragments: {w (4 elements)} and {b (2 elements)}.
-Plan small_plan() { return make_plan({{"w", 4, false}, {"b", 2, false}}, 2); }
+using test::kSeq0;
+using test::small_plan;
 
-constexpr std::uint64_t kSeq0 = std::uint64_t{1} << 32;  // first sequence of a first incarnation
-
-SyncerConfig base_config() {
-  SyncerConfig c;
-  c.quorum.min_quorum = 1;
-  c.quorum.grace = false;
-  c.quorum.deadline = 10s;
-  c.heartbeat_timeout = 5s;
-  c.participation_scaling = false;
-  return c;
-}
+SyncerConfig base_config() { return test::quorum_config(1); }
 
 struct Rig {
   VirtualClock clock{TimePoint{100s}};
@@ -39,37 +30,28 @@ struct Rig {
   Outbox out;
 
   Message control(MessageType type, LearnerId id, std::uint64_t sequence = 0) const {
-    Message m;
-    m.type = type;
-    m.fingerprint = plan.fingerprint();
-    m.learner = id;
-    m.sequence = sequence;
-    return m;
+    return test::control_message(plan, type, id, sequence);
   }
   /// Handles a join with `nonce`; returns the full_state messages it produced.
   std::vector<Outgoing> join(AvgSyncer& s, LearnerId id, std::uint64_t nonce) {
     out.clear();
-    s.handle(control(MessageType::join, id, nonce), out);
+    s.handle(test::join_message(plan, id, nonce), out);
     std::vector<Outgoing> states;
     for (auto& o : out)
       if (o.message.type == MessageType::full_state) states.push_back(o);
     return states;
   }
+  /// A contribution to w's fragment with an honest step counter (claims within its advance).
   Message contribution(LearnerId id, std::uint64_t seq, std::uint64_t version = 0) const {
-    Message m = control(MessageType::contribution, id, seq);
-    m.fragment = static_cast<std::uint32_t>(plan.fragment_of(0));
-    m.version = version;
-    m.steps = 10;
-    m.tokens = 100;
-    m.step = steps_so_far[id] += 10;  // an honest step counter: claims within its advance
-    m.payload = make_payload(std::vector<float>(plan.fragments()[m.fragment].numel, 0.25f));
-    return m;
+    const std::size_t p = fragment_of_w();
+    return test::contribution_message(plan, id, p, seq, version, test::filled(plan, p, 0.25f),
+                                      {10, 100, steps_so_far.advance(id, 10)});
   }
   std::size_t fragment_of_w() const { return plan.fragment_of(0); }
-  mutable std::map<LearnerId, std::uint64_t> steps_so_far;
+  mutable test::StepCounters steps_so_far;
 };
 
-std::uint64_t rejected(const AvgSyncer& s, RejectReason r) { return s.status().rejected[static_cast<std::size_t>(r)]; }
+std::uint64_t rejected(const AvgSyncer& s, RejectReason r) { return test::rejected(s.status(), r); }
 
 }  // namespace
 

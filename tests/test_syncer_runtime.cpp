@@ -8,6 +8,9 @@
 #include <catch2/catch.hpp>
 #include <ddiloco/syncer_runtime.hpp>
 #include <ddiloco/transport/in_process.hpp>
+
+#include "syncer_test_util.hpp"
+
 #include <atomic>
 #include <condition_variable>
 #include <latch>
@@ -23,40 +26,22 @@ namespace {
 Plan small_plan() { return make_plan({{"w", 64, false}, {"b", 16, false}}, 2); }
 
 SyncerConfig k1() {
-  SyncerConfig c;
-  c.quorum.min_quorum = 1;
-  c.quorum.grace = false;
-  c.quorum.deadline = 10s;
+  SyncerConfig c = test::quorum_config(1);
+  c.participation_scaling = true;  // as a syncer runs
   c.heartbeat_timeout = 600s;
   c.max_staleness = std::uint64_t{1} << 40;  // every base stays acceptable: count, do not judge
   c.norm_outlier_factor = 1e9;
   return c;
 }
 
-std::uint64_t seq0() { return std::uint64_t{1} << 32; }
+using test::kSeq0;
 
-Message join(const Plan& plan, LearnerId id) {
-  Message m;
-  m.type = MessageType::join;
-  m.fingerprint = plan.fingerprint();
-  m.learner = id;
-  m.sequence = 1000 + id;
-  return m;
-}
+Message join(const Plan& plan, LearnerId id) { return test::join_message(plan, id, 1000 + id); }
 
+/// A contribution with an honest step counter: it advances by at least `steps` between contributions.
 Message contribution(const Plan& plan, LearnerId id, std::size_t p, std::uint64_t seq) {
-  Message m;
-  m.type = MessageType::contribution;
-  m.fingerprint = plan.fingerprint();
-  m.learner = id;
-  m.fragment = static_cast<std::uint32_t>(p);
-  m.sequence = seq;
-  m.steps = 4;
-  m.tokens = 64;
-  m.step = 4 * seq;  // an honest step counter: advances by at least `steps` between contributions
-  m.payload =
-      make_payload(std::vector<float>(plan.fragments()[p].numel, 0.001f * static_cast<float>(1 + id)));
-  return m;
+  return test::contribution_message(plan, id, p, seq, 0, test::filled(plan, p, 0.001f * static_cast<float>(1 + id)),
+                                    {4, 64, 4 * seq});
 }
 
 /// A Syncer<> on the steady clock behind an in-process network, driven by a
@@ -123,7 +108,7 @@ TEST_CASE(
         // Sequences increase per learner, so a reordering within a fragment
         // or a second handling would be rejected as a duplicate.
         for (std::uint64_t i = 1; i <= kPerProducer; ++i)
-          rig.runtime.deliver(contribution(rig.plan, id, i % rig.plan.num_fragments(), seq0() + i));
+          rig.runtime.deliver(contribution(rig.plan, id, i % rig.plan.num_fragments(), kSeq0 + i));
       });
     }
   }                // producers joined
@@ -158,7 +143,7 @@ TEST_CASE(
       learners.emplace_back([&, id] {  // rig.*: Clang 14 cannot capture structured bindings
         auto t = rig.net.learner(id);
         for (std::uint64_t i = 1; i <= kPerLearner; ++i)
-          if (!t.send(contribution(rig.plan, id, i % rig.plan.num_fragments(), seq0() + i))) refused.fetch_add(1);
+          if (!t.send(contribution(rig.plan, id, i % rig.plan.num_fragments(), kSeq0 + i))) refused.fetch_add(1);
       });
     }
   }
@@ -196,9 +181,9 @@ TEST_CASE(
   SyncerRuntime runtime(syncer, link, rc);
   for (LearnerId id = 1; id <= 4; ++id) runtime.deliver(join(plan, id));
   const std::size_t p = 0;
-  runtime.deliver(contribution(plan, 1, p, seq0() + 1));
+  runtime.deliver(contribution(plan, 1, p, kSeq0 + 1));
   entered.wait();  // the worker is inside the first contribution's add()
-  for (LearnerId id = 2; id <= 4; ++id) runtime.deliver(contribution(plan, id, p, seq0() + 1));
+  for (LearnerId id = 2; id <= 4; ++id) runtime.deliver(contribution(plan, id, p, kSeq0 + 1));
   release.count_down();
   runtime.stop();
   GatedRda::entered = nullptr;
@@ -227,7 +212,7 @@ TEST_CASE("Without workers every contribution is handled on the delivering threa
   runtime.deliver(join(plan, 1));
   runtime.deliver(join(plan, 2));
   for (std::uint64_t i = 1; i <= 10; ++i) {
-    runtime.deliver(contribution(plan, 1 + static_cast<LearnerId>(i % 2), 1, seq0() + i));
+    runtime.deliver(contribution(plan, 1 + static_cast<LearnerId>(i % 2), 1, kSeq0 + i));
     CHECK(syncer.status().merges == i);  // handled before deliver() returned
   }
   CHECK(syncer.status().contributions_accepted == 10);
@@ -279,7 +264,7 @@ struct CountingTransport {
     if (left == 0) return std::nullopt;
     --left;
     ++taken;
-    return contribution(plan, 1, taken % 2, seq0() + taken);
+    return contribution(plan, 1, taken % 2, kSeq0 + taken);
   }
   std::optional<Message> receive_until(TimePoint) { return try_receive(); }
   const Clock& clock() const { return steady; }

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Attack suite (docs/security.md): hostile contributions. A clean phase, then
-# one phase per attack, each a fresh syncer with two honest learners; the
-# attack starts at honest step ATTACK_FROM and runs until the learners reach
-# MEASURE_AT:
+# one phase per attack, each followed by its clean twin, each a fresh syncer
+# with two honest learners; the attack starts at honest step ATTACK_FROM and
+# runs until the learners pause at MEASURE_AT:
 #   poison             learner 100 sends contributions of 10 per element (about
 #                      1000x an honest outer gradient) with steps = tokens = 2^62,
 #                      20/s, plaintext;
 #   contribution_flood 200/s of the same, every second one half NaN;
-#   poison_curve       the poison from a listed CURVE key (learner 100 on the allow-list).
+#   poison_curve       the poison from a listed CURVE key (learner 100 on the allow-list);
+#   stealth_poison     payloads of 0.2 per element (about 20x honest) with claims
+#                      within an advancing step counter, 20/s, plaintext (only
+#                      with ATTACK_STEALTH_POISON=1: an open gap, see below).
 # Each phase asserts (attack_lib.sh, check_phase): the syncer's peak RSS under
-# its bound; merges per honest step >= 80% of the clean phase's; the honest
-# learners' mean validation loss at MEASURE_AT within 2% of the clean phase's;
+# its bound; merges per honest step >= 80% of the clean phases' mean; the
+# global model's validation loss at MEASURE_AT within 2% of the largest clean phase's;
 # no honest contribution rejected; every rejection counted under a reason.
 # Usage: attack_contributions.sh SYNCER LEARNER KEYGEN CHAOS_CLIENT ATTACKER
 source "$(dirname "$0")/lib.sh"
@@ -33,10 +36,20 @@ attack_phase() {
   reasons_add_up "$name"
   note "$name: $(grep 'done' "$WORK/$name-attacker.log"); syncer rejected $(status rejected "$name"): $(rejections "$name")"
   check_phase "$name" "$RSS_BOUND"
+  clean_phase "${SYNCER_FLAGS[@]}"  # its clean twin, at about the same load
 }
 
 SYNCER_FLAGS=(--plaintext)
 attack_phase poison --attack poison --rate 20
+# Open: a poisoner whose claims are within its own advancing step counter
+# (16 steps = 16 tokens) and whose norm, about 20x an honest one, is within
+# the norm-outlier factor (50x) is accepted, and clipping (4x the robust
+# reference) leaves the global loss about 7% above clean (with clipping and the
+# weight cap off: x3). Not run by default (it fails its loss bound);
+# ATTACK_STEALTH_POISON=1 runs it.
+if [ "${ATTACK_STEALTH_POISON:-0}" = 1 ]; then
+  attack_phase stealth_poison --attack poison --rate 20 --advance-step --counter-log2 4 --magnitude 0.2
+fi
 attack_phase contribution_flood --attack contribution-flood --rate 200 --nan-every 2
 
 make_keys syncer l0 l1 l50 attacker

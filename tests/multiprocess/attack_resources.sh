@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Attack suite (docs/security.md): attacks on the syncer's memory and time. A
-# clean phase, then one phase per attack, each a fresh syncer with two honest
-# learners; the attack starts at honest step ATTACK_FROM and runs until the
-# learners reach MEASURE_AT:
+# Attack suite (docs/security.md): attacks on the syncer's memory and time.
+# A clean phase, then one phase per attack, each followed by its clean twin,
+# each a fresh syncer with two honest learners; the attack starts at honest
+# step ATTACK_FROM and runs until the learners pause at MEASURE_AT:
 #   join_flood        joins with a fresh id each (100, 101, ...), 2000/s, plaintext
 #                     (only with ATTACK_PLAINTEXT_JOIN_FLOOD=1: an open gap, see below);
 #   join_flood_curve  a listed CURVE key (learner 100) re-joining as itself, 2000/s;
@@ -11,7 +11,8 @@
 # Each phase asserts what attack_lib.sh's check_phase does: the syncer's peak
 # RSS under its bound (rss_bound: the memory bounds' formula for the phase's
 # connections, watched all along: over it fails at once), merges per
-# honest step >= 80% of the clean phase's, honest validation loss within 2%,
+# honest step >= 80% of the clean phases' mean, the global model's validation
+# loss within 2% of the largest clean phase's,
 # no honest contribution rejected, every rejection counted under a reason.
 # Usage: attack_resources.sh SYNCER LEARNER KEYGEN CHAOS_CLIENT ATTACKER
 source "$(dirname "$0")/lib.sh"
@@ -37,6 +38,7 @@ attack_phase() {
     "$(rejections "$name") decode_errors $(status decode_errors "$name") joins $(status joins "$name")" \
     "known $(status learners_known "$name")"
   check_phase "$name" "$RSS_BOUND"
+  clean_phase "${SYNCER_FLAGS[@]}"  # its clean twin, at about the same load
 }
 
 SYNCER_FLAGS=(--plaintext)

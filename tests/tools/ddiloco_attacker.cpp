@@ -155,6 +155,10 @@ int contributions(const cli::Flags& f, const Options& o, const Plan& plan, void*
   const float magnitude = static_cast<float>(f.num("magnitude"));
   const std::uint64_t nan_every = f.count("nan-every"), count = f.count("count"), report = f.count("report-every");
   const double rate = f.num("rate");
+  const bool advance = f.flag("advance-step");
+  if (advance && f.integer("counter-log2") > 40)
+    throw InvalidArgument("--advance-step with --counter-log2 = " + std::to_string(f.integer("counter-log2")) +
+                          " would overflow the step counter; pass --counter-log2 40 or less");
   std::printf("attacker: %s as learner %u: payload %g per element, steps = tokens = 2^%lld, %g/s, NaN in every "
               "%llu-th\n",
               attack.c_str(), id, static_cast<double>(magnitude), f.integer("counter-log2"), rate,
@@ -192,6 +196,7 @@ int contributions(const cli::Flags& f, const Options& o, const Plan& plan, void*
     c.sequence = ++j.sequence;
     c.steps = counter;
     c.tokens = counter;
+    if (advance) c.step = static_cast<std::uint64_t>(counter) * (sent + 1);
     c.payload = make_payload(std::move(v));
     if (!send_frame(s, encode_frame(c, Codec::fp32), false)) ++blocked;
     ++sent;
@@ -332,6 +337,11 @@ int main(int argc, char** argv) try {
   f.add("magnitude", "10", "poison, contribution-flood: value of every payload element (with a random sign)");
   f.add("counter-log2", "62", "poison, contribution-flood: steps = tokens = 2^this");
   f.add("nan-every", "0", "poison, contribution-flood: every this-many-th payload holds NaN (0: none)");
+  f.add("advance-step", "false",
+        "poison, contribution-flood: send a step counter that advances by steps with every contribution, so the "
+        "claims stay within it (with a small --counter-log2 only the norm checks, clipping and the weight cap "
+        "stand in the way)",
+        true);
   f.add("fresh-ids", "false", "join-flood: a new id per join (else --id each time, a new nonce)", true);
   f.add("peers", "8", "slow-reader: connections that never read");
   f.add("hold-ms", "0", "slow-reader: leave and disconnect after this long (0: at SIGTERM/SIGINT)");
