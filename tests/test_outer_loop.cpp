@@ -437,22 +437,58 @@ TEST_CASE("A state still arriving is not requested again; a stalled one is", "[o
   OuterLoopConfig c = learner_config(1, 1);
   c.join_timeout = 60s;
   OuterLoop<ScriptedLink, Flat> outer(plan, link, c);
-  // Fragment 0 arrives after 0.9 s, fragment 1 after 2.5 s: a slow link. The
-  // retry (join_retry = 1 s) counts from the last fragment heard: at 1.9 s
-  // nothing arrived for 1 s, so one resend; none at 1 s (fragment 0 came at 0.9 s).
-  link.script.emplace_back(TimePoint{900ms}, full_state(plan, 0, 1, 77));
-  link.script.emplace_back(TimePoint{2500ms}, full_state(plan, 1, 1, 77));
+  // Fragment 0 arrives 0.9 s after the request: the request was heard and a
+  // fragment takes about that long, so the retry waits for twice as long
+  // (1.8 s > join_retry = 1 s) from the last fragment heard.
+  SECTION("fragments that keep coming draw no retry, even with gaps above join_retry") {
+    link.script.emplace_back(TimePoint{900ms}, full_state(plan, 0, 1, 77));
+    link.script.emplace_back(TimePoint{2500ms}, full_state(plan, 1, 1, 77));  // 1.6 s later: < 1.8 s
+    VecParams params = zero_params();
+    outer.join(params);
+    CHECK(outer.joined());
+    CHECK(clock.now() == TimePoint{2500ms});
+    CHECK(link.join_times == std::vector<TimePoint>{TimePoint{0}});  // asked once, never again
+    CHECK(outer.join_fragments_received() == 2);
+    CHECK(outer.join_bytes_received() == 4 * 8);
+    CHECK(values(params[kW]) == kInit[kW]);
+    CHECK(values(params[kC]) == kInit[kC]);
+  }
+  SECTION("a stalled state is asked for again every 1.8 s until it goes on") {
+    link.script.emplace_back(TimePoint{900ms}, full_state(plan, 0, 1, 77));
+    link.script.emplace_back(TimePoint{5000ms}, full_state(plan, 1, 1, 77));
+    VecParams params = zero_params();
+    outer.join(params);
+    CHECK(outer.joined());
+    CHECK(link.join_times == std::vector<TimePoint>{TimePoint{0}, TimePoint{2700ms}, TimePoint{4500ms}});
+  }
+  SECTION("with nothing heard at all the request goes out every join_retry") {
+    link.script.emplace_back(TimePoint{3500ms}, full_state(plan, 0, 1, 77));
+    link.script.emplace_back(TimePoint{3600ms}, full_state(plan, 1, 1, 77));
+    VecParams params = zero_params();
+    outer.join(params);
+    CHECK(outer.joined());
+    CHECK(link.join_times == std::vector<TimePoint>{TimePoint{0}, TimePoint{1s}, TimePoint{2s}, TimePoint{3s}});
+  }
+}
+
+TEST_CASE("The join's retry interval is at most an eighth of the join time-out", "[outer_loop][join]") {
+  VirtualClock clock;
+  ScriptedLink link(clock);
+  const Plan plan = small_plan();
+  OuterLoopConfig c = learner_config(1, 1);
+  c.join_timeout = 16s;  // cap: 2 s
+  OuterLoop<ScriptedLink, Flat> outer(plan, link, c);
+  // Each wait just under the retry interval would double it (0.95 s -> 1.9 s,
+  // 1.85 s -> 3.7 s); the cap keeps it at 2 s. (A repeated fragment 0 is state arriving too.)
+  link.script.emplace_back(TimePoint{950ms}, full_state(plan, 0, 1, 77));
+  link.script.emplace_back(TimePoint{2800ms}, full_state(plan, 0, 1, 77));
+  link.script.emplace_back(TimePoint{9s}, full_state(plan, 1, 1, 77));
   VecParams params = zero_params();
   outer.join(params);
   CHECK(outer.joined());
-  CHECK(clock.now() == TimePoint{2500ms});
-  REQUIRE(link.join_times.size() == 2);
-  CHECK(link.join_times[0] == TimePoint{0});
-  CHECK(link.join_times[1] == TimePoint{1900ms});
-  CHECK(outer.join_fragments_received() == 2);
-  CHECK(outer.join_bytes_received() == 4 * 8);
-  CHECK(values(params[kW]) == kInit[kW]);
-  CHECK(values(params[kC]) == kInit[kC]);
+  // Uncapped, the requests would go out at 0 and 6.5 s only.
+  CHECK(link.join_times ==
+        std::vector<TimePoint>{TimePoint{0}, TimePoint{4800ms}, TimePoint{6800ms}, TimePoint{8800ms}});
 }
 
 TEST_CASE("After join the parameters equal the syncer's global state and its versions", "[outer_loop]") {

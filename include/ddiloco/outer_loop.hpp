@@ -273,7 +273,7 @@ class OuterLoop {
     const TimePoint deadline = transport_->clock().now() + join_timeout_;
     while (!poll_join(params)) {
       check_transport();
-      auto m = transport_->receive_until(std::min(deadline, join_heard_ + config_.join_retry));
+      auto m = transport_->receive_until(std::min(deadline, join_heard_ + join_retry_interval()));
       if constexpr (DiagnosingTransport<Transport>) {
         // A link that cannot work (refused key, mismatched security) is said at
         // once: waiting out the time-out would not change it.
@@ -306,6 +306,7 @@ class OuterLoop {
     join_sequence_.reset();
     join_received_ = 0;
     join_bytes_ = 0;
+    join_gap_ = Duration{0};
     pending_.clear();
     for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false, {}, 0};
     send_join();
@@ -320,7 +321,7 @@ class OuterLoop {
     if (joined_) return true;
     while (auto m = transport_->try_receive()) on_message(std::move(*m));
     if (join_received_ < frags_.size()) {
-      if (transport_->clock().now() - join_heard_ >= config_.join_retry) send_join();
+      if (transport_->clock().now() - join_heard_ >= join_retry_interval()) send_join();
       return false;
     }
     check_params(params, {});
@@ -523,6 +524,14 @@ class OuterLoop {
     return ok;
   }
 
+  /// How long a join waits for the next fragment of its state before asking
+  /// again: join_retry, or twice the longest wait for a fragment so far (the
+  /// request was heard; the link is slow), if longer, but at most an eighth
+  /// of the join time-out.
+  [[nodiscard]] Duration join_retry_interval() const noexcept {
+    return std::max(config_.join_retry, std::min(2 * join_gap_, join_timeout_ / 8));
+  }
+
   /// What the join time-out was made of, for its message: the state's size,
   /// the link figure, and the flag to change.
   std::string join_timeout_text() const {
@@ -610,7 +619,12 @@ class OuterLoop {
         ++join_received_;
         join_bytes_ += 4 * m.payload->size();
       }
-      join_heard_ = transport_->clock().now();  // the state is arriving: no retry while it does
+      // The state is arriving: no retry while it does. Fragments that each take
+      // longer than join_retry on a slow link must not draw a request per
+      // second: the retry waits for twice the longest gap seen between them.
+      const TimePoint now = transport_->clock().now();
+      join_gap_ = std::max(join_gap_, now - join_heard_);
+      join_heard_ = now;
       f.latest = std::move(m.payload);
       f.latest_version = m.version;
       f.base_version = 0;
@@ -855,6 +869,7 @@ class OuterLoop {
   TimePoint last_send_{0};
   TimePoint join_sent_{0};
   TimePoint join_heard_{0};  ///< the last join request sent or fragment of its state received
+  Duration join_gap_{0};     ///< the longest wait for a fragment of this join's state so far (join_retry_interval())
   std::uint64_t join_bytes_ = 0;
   Duration join_timeout_;    ///< config_.join_timeout, or derived (join_timeout())
   OuterLoopStatus status_{};
