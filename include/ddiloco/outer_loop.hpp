@@ -307,6 +307,7 @@ class OuterLoop {
     join_received_ = 0;
     join_bytes_ = 0;
     join_gap_ = Duration{0};
+    join_fragment_at_ = transport_->clock().now();
     pending_.clear();
     for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false, {}, 0};
     send_join();
@@ -525,9 +526,9 @@ class OuterLoop {
   }
 
   /// How long a join waits for the next fragment of its state before asking
-  /// again: join_retry, or twice the longest wait for a fragment so far (the
-  /// request was heard; the link is slow), if longer, but at most an eighth
-  /// of the join time-out.
+  /// again: join_retry, or twice the longest wait for a fragment so far (from
+  /// the join's start or the fragment before: the request was heard, the link
+  /// is slow), if longer, but at most an eighth of the join time-out.
   [[nodiscard]] Duration join_retry_interval() const noexcept {
     return std::max(config_.join_retry, std::min(2 * join_gap_, join_timeout_ / 8));
   }
@@ -623,8 +624,8 @@ class OuterLoop {
       // longer than join_retry on a slow link must not draw a request per
       // second: the retry waits for twice the longest gap seen between them.
       const TimePoint now = transport_->clock().now();
-      join_gap_ = std::max(join_gap_, now - join_heard_);
-      join_heard_ = now;
+      join_gap_ = std::max(join_gap_, now - join_fragment_at_);
+      join_heard_ = join_fragment_at_ = now;
       f.latest = std::move(m.payload);
       f.latest_version = m.version;
       f.base_version = 0;
@@ -870,6 +871,7 @@ class OuterLoop {
   TimePoint join_sent_{0};
   TimePoint join_heard_{0};  ///< the last join request sent or fragment of its state received
   Duration join_gap_{0};     ///< the longest wait for a fragment of this join's state so far (join_retry_interval())
+  TimePoint join_fragment_at_{0};  ///< when the last fragment of this join's state came (its start before the first)
   std::uint64_t join_bytes_ = 0;
   Duration join_timeout_;    ///< config_.join_timeout, or derived (join_timeout())
   OuterLoopStatus status_{};
