@@ -326,7 +326,7 @@ import re; m = re.fullmatch(r'(\d+)(k|m|g)bit', '$JOIN_RATE'); print(int(m[1]) *
   touch "$dir/stop"
   wait "$p0"
   kill -TERM "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
-  PIDS=()
+  PIDS=("${PIDS[@]:0:${#PIDS[@]}-3}")  # the relays stay for cleanup
   local line
   line="$(grep 'probe 1: joined' "$dir/learner1.log")"
   if [ "$rc" -ne 0 ] || [ -z "$line" ]; then
