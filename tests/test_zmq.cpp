@@ -1062,7 +1062,7 @@ TEST_CASE("A full state 8 times the peer's send budget streams out whole as the 
   CHECK(again.front().fragment == 0);
 }
 
-TEST_CASE("A joiner that does not read pins no state: its stream is abandoned after slow_peer_timeout",
+TEST_CASE("A joiner that does not read pins no state: its stream is abandoned after slow_peer_timeout, and it is muted",
           "[zmq][bounds][join]") {
   ZmqSyncerConfig config = plain_syncer();
   config.peer_send_budget = std::size_t{1} << 20;
@@ -1076,6 +1076,16 @@ TEST_CASE("A joiner that does not read pins no state: its stream is abandoned af
   REQUIRE(syncer.counters().state_waiting > 0);
   REQUIRE(eventually([&] { return syncer.counters().streams_abandoned == 1; }));
   CHECK(syncer.counters().state_waiting == 0);
+  // And like any peer that does not read, it is not heard from (its learner dies by heartbeat time-out).
+  Message hb = join_message(4);
+  hb.type = MessageType::heartbeat;
+  const auto beat = encode_frame(hb, Codec::fp32);
+  REQUIRE(eventually([&] {
+    joiner.send(beat, ZMQ_DONTWAIT);
+    return syncer.counters().slow_peer_frames >= 1;
+  }));
+  while (syncer.try_receive()) {
+  }
   // Frames copy the payload's bytes: what holds it now is this test and the
   // transport's cache of the last payload framed (frame_of), not the stream.
   CHECK(values.use_count() == 2);

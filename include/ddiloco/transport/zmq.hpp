@@ -536,8 +536,10 @@ struct ZmqSyncerConfig {
   // connection starts afresh. A stream whose connection takes nothing for
   // slow_peer_timeout drops its waiting replies (streams_abandoned; the
   // learner's next retry asks again), so a joiner that does not read pins no
-  // payload: slow_peer_timeout must exceed one fragment's time on the slowest
-  // link (a 16 MiB fragment at 100 Mbit/s: 1.3 s).
+  // payload, and is muted like any peer that does not read (a stream blocked
+  // on its connection's budget starts the slow-peer clock; every frame it
+  // moves stops it): slow_peer_timeout must exceed one fragment's time on the
+  // slowest link (a 16 MiB fragment at 100 Mbit/s: 1.3 s).
   /// Learner ids with a stream at once (a finished stream is kept for
   /// join_stream_linger to recognise retries); beyond, a full_state reply takes
   /// the budget path of any other frame (dropped when over budget).
@@ -889,14 +891,26 @@ class ZmqSyncerTransport {
       const std::size_t stream_share = std::max<std::size_t>(config_.send_budget / 2, 1);
       for (auto it = streams_.begin(); it != streams_.end();) {
         Stream& st = it->second;
+        if (auto r = routes_.find(it->first); r != routes_.end() && r->second.conn != st.conn) {
+          // The learner came back on another connection: its budget is that
+          // one's, and what went out on the old one may never arrive.
+          st.conn = r->second.conn;
+          st.sent.clear();
+        }
         while (!st.pending.empty()) {
           auto first = st.pending.begin();
           const std::size_t charge = frame_size(first->second, config_.global_codec) + detail::kQueuedMessageOverhead;
           const std::size_t mine = st.conn ? st.conn->queued.load() : 0, all = send_queued_->load(),
                             streams = stream_queued_->load();
-          if ((mine != 0 && mine + charge > config_.peer_send_budget) ||
-              (all != 0 && all + charge > config_.send_budget) || (streams != 0 && streams + charge > stream_share))
+          const bool peer_full = mine != 0 && mine + charge > config_.peer_send_budget;
+          if (peer_full || (all != 0 && all + charge > config_.send_budget) ||
+              (streams != 0 && streams + charge > stream_share)) {
+            // Its own queue is full: as for a refused send, the slow-peer clock
+            // runs until a frame moves (muted_locked: a joiner that does not read
+            // is muted after slow_peer_timeout, like any peer).
+            if (peer_full && st.conn && !st.conn->over_since) st.conn->over_since = now;
             break;
+          }
           detail::SendCharge::Counter peer;
           if (st.conn) {
             st.conn->over_since.reset();  // it drains: not a peer that does not read
