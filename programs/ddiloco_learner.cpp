@@ -50,7 +50,10 @@ int observe(const cli::Flags& f, const ZmqLearnerConfig& zc, const Plan& plan, r
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   const auto every = std::chrono::milliseconds(f.integer("observe-every-ms"));
-  const auto timeout = std::chrono::milliseconds(f.integer("join-timeout-ms"));
+  const Duration timeout =
+      f.integer("join-timeout-ms") > 0
+          ? Duration{std::chrono::milliseconds(f.integer("join-timeout-ms"))}
+          : derived_join_timeout(full_state_bytes(plan), f.num("join-link-mbit"));
   const std::size_t count = f.count("observe-count");
   std::printf("observer %u: observing %s (plan %016llx)\n", zc.id, zc.connect.c_str(),
               static_cast<unsigned long long>(plan.fingerprint()));
@@ -103,7 +106,12 @@ int main(int argc, char** argv) try {
   f.add("keys", "", "this learner's key file (from ddiloco_keygen)");
   f.add("server-key", "", "the syncer's public key file");
   f.add("plaintext", "false", "connect WITHOUT encryption or authentication (explicit choice)", true);
-  f.add("join-timeout-ms", "60000", "give up joining after this long");
+  f.add("join-timeout-ms", "0",
+        "give up joining after this long; 0: derived from the model's size and --join-link-mbit (30 s + twice the "
+        "state's time on that link)");
+  f.add("join-link-mbit", "100",
+        "this learner's link to the syncer in Mbit/s, as declared: sizes the derived join time-out (a 1 GiB model "
+        "at 100 Mbit/s: 30 + 2 x 86 s)");
   f.add("lock-step", "false",
         "wait at send + tau for each fragment's merged result (synchronous / Streaming DiLoCo baseline)", true);
   f.add("lock-step-timeout-ms", "60000", "in lock-step mode, stop waiting for a result after this long");
@@ -155,7 +163,11 @@ int main(int argc, char** argv) try {
   // Declared at join: the syncer rejects a contribution claiming more than
   // steps x this many tokens (and refuses the join above --max-tokens-per-step).
   oc.tokens_per_step = trainer.tokens_per_step();
+  if (f.integer("join-timeout-ms") < 0)
+    throw InvalidArgument(detail::msg("--join-timeout-ms = ", f.integer("join-timeout-ms"),
+                                      " must be >= 0 (0: derived from the model's size and --join-link-mbit)"));
   oc.join_timeout = std::chrono::milliseconds(f.integer("join-timeout-ms"));
+  oc.join_link_mbit = f.num("join-link-mbit");
   oc.lock_step = f.flag("lock-step");
   oc.lock_step_timeout = std::chrono::milliseconds(f.integer("lock-step-timeout-ms"));
   OuterLoop<ZmqLearnerTransport, Eigen::MatrixXf> outer(plan, link, oc);
@@ -165,13 +177,17 @@ int main(int argc, char** argv) try {
   std::printf("learner %u: joining %s (plan %016llx, %zu parameters)\n", zc.id, zc.connect.c_str(),
               static_cast<unsigned long long>(plan.fingerprint()), trainer.model().parameter_count());
   std::fflush(stdout);
+  const auto join_start = std::chrono::steady_clock::now();
   outer.join(params);
+  const double join_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - join_start).count();
   // SIGTERM/SIGINT from here on: stop after the current step, leave, exit 0.
   // Installed before "joined" is printed: a test that signals on that line
   // must find the handler in place.
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
-  std::printf("learner %u: joined\n", zc.id);
+  std::printf("learner %u: joined in %.3f s (%.3f MiB of state, time-out %.1f s)\n", zc.id, join_s,
+              static_cast<double>(outer.join_bytes_received()) / (1024.0 * 1024.0),
+              std::chrono::duration<double>(outer.join_timeout()).count());
   std::fflush(stdout);  // tests wait for this line
   ref::Params global = params;  // the global model's view, for val-global
   const std::size_t steps = f.count("steps"), every = std::max<std::size_t>(1, f.count("eval-every"));

@@ -57,7 +57,9 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
         << "\nsend_over_budget=" << z.send_over_budget << "\nwrong_direction=" << z.wrong_direction
         << "\ndisconnects=" << z.disconnects << "\nreceive_pauses=" << z.receive_pauses
         << "\npeers_evicted=" << z.peers_evicted << "\nslow_peer_frames=" << z.slow_peer_frames << "\nsend_queued_bytes=" << z.send_queued_bytes
-        << "\nincoming_queued_bytes=" << z.incoming_queued_bytes << "\n";
+        << "\nincoming_queued_bytes=" << z.incoming_queued_bytes << "\nstate_frames_streamed=" << z.state_frames_streamed
+        << "\nstate_duplicates=" << z.state_duplicates << "\nstreams_abandoned=" << z.streams_abandoned
+        << "\nstate_waiting=" << z.state_waiting << "\n";
   }
   fs::rename(tmp, path);
 }

@@ -253,7 +253,7 @@ TEST_CASE("Parameters that do not match the plan throw ShapeMismatch naming the 
   }
 }
 
-TEST_CASE("Negative tokens throw InvalidArgument naming the value", "[outer_loop]") {
+TEST_CASE("Negative or zero tokens throw InvalidArgument naming the value and the fix", "[outer_loop]") {
   Rig r;
   auto lt = r.net.learner(1);
   Outer outer(r.plan, lt, learner_config(1, 1));
@@ -261,7 +261,12 @@ TEST_CASE("Negative tokens throw InvalidArgument naming the value", "[outer_loop
   r.join(outer, params);
   CHECK_THROWS_AS(outer.step(params, -1), InvalidArgument);
   CHECK_THROWS_WITH(outer.step(params, -3), Catch::Contains("-3"));
-  CHECK_NOTHROW(outer.step(params, 0));
+  // 0 would give the contribution no weight (tokens^2 / steps): refused, not silently weightless.
+  CHECK_THROWS_AS(outer.step(params, 0), InvalidArgument);
+  CHECK_THROWS_WITH(outer.step(params, 0), Catch::Contains("tokens = 0") && Catch::Contains("no weight") &&
+                                               Catch::Contains("batch x sequence length"));
+  CHECK(outer.status().step == 0);  // refused before anything changed
+  CHECK_NOTHROW(outer.step(params, 1));
   CHECK(outer.status().step == 1);
 }
 
@@ -289,8 +294,16 @@ TEST_CASE("Bad configuration is rejected with InvalidArgument naming the field",
   CHECK_NOTHROW(Outer(r.plan, lt, learner_config(1, 1, 0.999f)));
 
   auto c = learner_config(1, 1);
-  c.join_timeout = Duration{0};
+  c.join_timeout = Duration{-1};
   CHECK_THROWS_WITH(Outer(r.plan, lt, c), Catch::Contains("join_timeout"));
+  c.join_timeout = Duration{0};  // derived: fine
+  CHECK_NOTHROW(Outer(r.plan, lt, c));
+  for (double mbit : {0.0, -5.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    INFO("join_link_mbit = " << mbit);
+    c.join_link_mbit = mbit;
+    CHECK_THROWS_AS(Outer(r.plan, lt, c), InvalidArgument);
+    CHECK_THROWS_WITH(Outer(r.plan, lt, c), Catch::Contains("join_link_mbit") && Catch::Contains("--join-link-mbit"));
+  }
   c = learner_config(1, 4);  // tau = H
   CHECK_THROWS_AS(Outer(r.plan, lt, c), InvalidArgument);
   c = learner_config(1, 1);
@@ -299,6 +312,186 @@ TEST_CASE("Bad configuration is rejected with InvalidArgument naming the field",
 }
 
 // ---- join -------------------------------------------------------------------
+
+namespace {
+/// A syncer link on a virtual clock that a test scripts: waiting moves the
+/// clock (to the deadline, or to the next scripted delivery), so join()'s own
+/// deadline and retries run in virtual time. Counts the joins sent.
+class ScriptedLink {
+ public:
+  explicit ScriptedLink(VirtualClock& clock) : clock_(&clock) {}
+  bool send(Message&& m) {
+    if (m.type == MessageType::join) join_times.push_back(clock_->now());
+    return true;
+  }
+  std::optional<Message> try_receive() {
+    if (!script.empty() && script.front().first <= clock_->now()) {
+      Message m = std::move(script.front().second);
+      script.erase(script.begin());
+      return m;
+    }
+    return std::nullopt;
+  }
+  std::optional<Message> receive_until(TimePoint deadline) {
+    if (auto m = try_receive()) return m;
+    clock_->advance_to(script.empty() ? deadline : std::min(deadline, script.front().first));
+    return try_receive();
+  }
+  [[nodiscard]] bool failed() const { return false; }
+  [[nodiscard]] const Clock& clock() const { return *clock_; }
+
+  std::vector<std::pair<TimePoint, Message>> script;  ///< (delivery time, message), in time order
+  std::vector<TimePoint> join_times;                  ///< when each join request went out
+
+ private:
+  VirtualClock* clock_;
+};
+static_assert(LearnerTransport<ScriptedLink>);
+
+/// Fragment p of the syncer's initial state as the join reply carries it.
+Message full_state(const Plan& plan, std::size_t p, LearnerId to, std::uint64_t sequence) {
+  const Flat init = concat(kInit);
+  Message m;
+  m.type = MessageType::full_state;
+  m.fingerprint = plan.fingerprint();
+  m.learner = to;
+  m.fragment = static_cast<std::uint32_t>(p);
+  m.version = 1;
+  m.sequence = sequence;
+  Flat values;
+  for (std::size_t t : plan.fragments()[p].tensors) {
+    std::size_t off = 0;
+    for (std::size_t i = 0; i < t; ++i) off += plan.tensors()[i].numel;
+    values.insert(values.end(), init.begin() + static_cast<std::ptrdiff_t>(off),
+                  init.begin() + static_cast<std::ptrdiff_t>(off + plan.tensors()[t].numel));
+  }
+  m.payload = make_payload(std::move(values));
+  return m;
+}
+}  // namespace
+
+TEST_CASE("join_timeout 0 derives the time-out from the state's size and the declared link", "[outer_loop][join]") {
+  // A plan of 2 x 16 Mi floats: 128 MiB + 2 headers of state.
+  const Plan big = make_plan({{"a", std::size_t{1} << 24, false}, {"b", std::size_t{1} << 24, false}}, 2);
+  const std::uint64_t bytes = full_state_bytes(big);
+  CHECK(bytes == 2 * (kFrameHeaderSize + 4 * (std::uint64_t{1} << 24)));
+  // 30 s + 2 x (bytes x 8 / link): at 100 Mbit/s 128 MiB is 10.74 s on the wire.
+  const double wire_s = static_cast<double>(bytes) * 8.0 / 100e6;
+  CHECK(std::chrono::duration<double>(derived_join_timeout(bytes, 100.0)).count() ==
+        Approx(30.0 + 2.0 * wire_s).epsilon(1e-9));
+  // Ten times slower, ten times the wire time; 1 GiB at 100 Mbit/s: 30 + 2 x 85.9 s.
+  CHECK(std::chrono::duration<double>(derived_join_timeout(bytes, 10.0)).count() ==
+        Approx(30.0 + 20.0 * wire_s).epsilon(1e-9));
+  CHECK(std::chrono::duration<double>(derived_join_timeout(std::uint64_t{1} << 30, 100.0)).count() ==
+        Approx(30.0 + 2.0 * 8.0 * 1073741824.0 / 100e6).epsilon(1e-9));
+  CHECK_THROWS_WITH(derived_join_timeout(bytes, 0.0), Catch::Contains("link_mbit = 0") &&
+                                                         Catch::Contains("--join-link-mbit"));
+
+  VirtualClock clock;
+  ScriptedLink link(clock);
+  OuterLoopConfig c = learner_config(1, 1);
+  c.join_link_mbit = 10.0;
+  OuterLoop<ScriptedLink, Flat> derived(big, link, c);
+  CHECK(derived.join_timeout() == derived_join_timeout(bytes, 10.0));
+  c.join_timeout = 7s;  // an explicit value wins
+  OuterLoop<ScriptedLink, Flat> explicit_timeout(big, link, c);
+  CHECK(explicit_timeout.join_timeout() == 7s);
+}
+
+TEST_CASE("A join nobody answers times out at the derived deadline, naming size, link and flag",
+          "[outer_loop][join]") {
+  VirtualClock clock;
+  ScriptedLink link(clock);
+  const Plan plan = small_plan();
+  OuterLoopConfig c = learner_config(1, 1);
+  c.join_link_mbit = 0.001;  // 1 kbit/s: the 2 fragments (8 floats + 2 headers = 208 bytes) take 1.664 s
+  OuterLoop<ScriptedLink, Flat> outer(plan, link, c);
+  const Duration expected = derived_join_timeout(full_state_bytes(plan), 0.001);
+  REQUIRE(std::chrono::duration<double>(expected).count() == Approx(30.0 + 2.0 * 1.664));
+  VecParams params = zero_params();
+  std::string what;
+  try {
+    outer.join(params);
+  } catch (const TransportError& e) {
+    what = e.what();
+  }
+  CHECK(clock.now() == expected);  // given up exactly at the derived deadline, not at a fixed 30 s
+  CHECK_THAT(what, Catch::Contains("received 0 of 2 fragments") && Catch::Contains("within 33.328 s") &&
+                       Catch::Contains("MiB state at a declared link of 0.001 Mbit/s") &&
+                       Catch::Contains("--join-link-mbit") && Catch::Contains("--join-timeout-ms"));
+  // Nothing arrived: the request was resent every join_retry (1 s), 34 times in 33.3 s.
+  CHECK(link.join_times.size() == 34);
+
+  // An explicit time-out names itself and what the link would need.
+  VirtualClock clock2;
+  ScriptedLink link2(clock2);
+  c.join_timeout = 5s;
+  OuterLoop<ScriptedLink, Flat> outer2(plan, link2, c);
+  CHECK_THROWS_WITH(outer2.join(params), Catch::Contains("within 5 s") && Catch::Contains("the time-out was set") &&
+                                             Catch::Contains("--join-timeout-ms"));
+  CHECK(clock2.now() == TimePoint{5s});
+}
+
+TEST_CASE("A state still arriving is not requested again; a stalled one is", "[outer_loop][join]") {
+  VirtualClock clock;
+  ScriptedLink link(clock);
+  const Plan plan = small_plan();
+  OuterLoopConfig c = learner_config(1, 1);
+  c.join_timeout = 60s;
+  OuterLoop<ScriptedLink, Flat> outer(plan, link, c);
+  // Fragment 0 arrives 0.9 s after the request: the request was heard and a
+  // fragment takes about that long, so the retry waits for twice as long
+  // (1.8 s > join_retry = 1 s) from the last fragment heard.
+  SECTION("fragments that keep coming draw no retry, even with gaps above join_retry") {
+    link.script.emplace_back(TimePoint{900ms}, full_state(plan, 0, 1, 77));
+    link.script.emplace_back(TimePoint{2500ms}, full_state(plan, 1, 1, 77));  // 1.6 s later: < 1.8 s
+    VecParams params = zero_params();
+    outer.join(params);
+    CHECK(outer.joined());
+    CHECK(clock.now() == TimePoint{2500ms});
+    CHECK(link.join_times == std::vector<TimePoint>{TimePoint{0}});  // asked once, never again
+    CHECK(outer.join_fragments_received() == 2);
+    CHECK(outer.join_bytes_received() == 4 * 8);
+    CHECK(values(params[kW]) == kInit[kW]);
+    CHECK(values(params[kC]) == kInit[kC]);
+  }
+  SECTION("a stalled state is asked for again every 1.8 s until it goes on") {
+    link.script.emplace_back(TimePoint{900ms}, full_state(plan, 0, 1, 77));
+    link.script.emplace_back(TimePoint{5000ms}, full_state(plan, 1, 1, 77));
+    VecParams params = zero_params();
+    outer.join(params);
+    CHECK(outer.joined());
+    CHECK(link.join_times == std::vector<TimePoint>{TimePoint{0}, TimePoint{2700ms}, TimePoint{4500ms}});
+  }
+  SECTION("with nothing heard at all the request goes out every join_retry") {
+    link.script.emplace_back(TimePoint{3500ms}, full_state(plan, 0, 1, 77));
+    link.script.emplace_back(TimePoint{3600ms}, full_state(plan, 1, 1, 77));
+    VecParams params = zero_params();
+    outer.join(params);
+    CHECK(outer.joined());
+    CHECK(link.join_times == std::vector<TimePoint>{TimePoint{0}, TimePoint{1s}, TimePoint{2s}, TimePoint{3s}});
+  }
+}
+
+TEST_CASE("The join's retry interval is at most an eighth of the join time-out", "[outer_loop][join]") {
+  VirtualClock clock;
+  ScriptedLink link(clock);
+  const Plan plan = small_plan();
+  OuterLoopConfig c = learner_config(1, 1);
+  c.join_timeout = 16s;  // cap: 2 s
+  OuterLoop<ScriptedLink, Flat> outer(plan, link, c);
+  // Each wait just under the retry interval would double it (0.95 s -> 1.9 s,
+  // 1.85 s -> 3.7 s); the cap keeps it at 2 s. (A repeated fragment 0 is state arriving too.)
+  link.script.emplace_back(TimePoint{950ms}, full_state(plan, 0, 1, 77));
+  link.script.emplace_back(TimePoint{2800ms}, full_state(plan, 0, 1, 77));
+  link.script.emplace_back(TimePoint{9s}, full_state(plan, 1, 1, 77));
+  VecParams params = zero_params();
+  outer.join(params);
+  CHECK(outer.joined());
+  // Uncapped, the requests would go out at 0 and 6.5 s only.
+  CHECK(link.join_times ==
+        std::vector<TimePoint>{TimePoint{0}, TimePoint{4800ms}, TimePoint{6800ms}, TimePoint{8800ms}});
+}
 
 TEST_CASE("After join the parameters equal the syncer's global state and its versions", "[outer_loop]") {
   Rig r;

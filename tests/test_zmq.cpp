@@ -952,3 +952,141 @@ TEST_CASE("A connection that has not read for slow_peer_timeout is not heard fro
   }, 30s));
   CHECK(read > 0);
 }
+
+namespace {
+/// Fragment p of a full state (join reply) for learner `to`: 256 KiB of fp32.
+Message state_fragment(LearnerId to, std::uint32_t p, std::uint64_t sequence, const Payload& values) {
+  Message m;
+  m.type = MessageType::full_state;
+  m.fingerprint = 7;
+  m.learner = to;
+  m.fragment = p;
+  m.version = 1;
+  m.sequence = sequence;
+  m.payload = values;
+  return m;
+}
+
+/// Reads every frame waiting on `peer` (non-blocking), decoded; a frame that
+/// does not decode fails the test.
+std::vector<Message> read_all(RawPeer& peer) {
+  std::vector<Message> got;
+  for (;;) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (zmq_msg_recv(&msg, peer.socket, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&msg);
+      return got;
+    }
+    DecodeResult r = decode_frame(
+        std::span<const std::byte>(static_cast<const std::byte*>(zmq_msg_data(&msg)), zmq_msg_size(&msg)), {});
+    zmq_msg_close(&msg);
+    REQUIRE(r.ok());
+    got.push_back(std::move(r).value());
+  }
+}
+}  // namespace
+
+TEST_CASE("A full state 8 times the peer's send budget streams out whole as the connection drains; a retry "
+          "queues no second copy",
+          "[zmq][bounds][join]") {
+  ZmqSyncerConfig config = plain_syncer();
+  config.peer_send_budget = std::size_t{1} << 20;  // 1 MiB: 3 fragments of 256 KiB
+  config.send_budget = std::size_t{64} << 20;
+  ZmqSyncerTransport syncer(config, steady);
+  // The joiner reads only when the test says: ZeroMQ holds one message for it, the kernel a small buffer.
+  RawPeer joiner(syncer.endpoint(), 1, 4096);
+  REQUIRE(joiner.send(encode_frame(join_message(4), Codec::fp32)));
+  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+  ZmqLearnerTransport other(plain_learner(syncer.endpoint(), 5), steady);
+  REQUIRE(other.send(join_message(5)));
+  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+
+  constexpr std::uint32_t kFragments = 64;  // 16 MiB of state: more than the kernel's buffers hold too
+  const Payload values = make_payload(std::vector<float>(64 * 1024, 2.0f));
+  const std::size_t frame = frame_size(state_fragment(4, 0, 9, values), Codec::fp32);
+  for (std::uint32_t p = 0; p < kFragments; ++p) CHECK(syncer.send_to(4, state_fragment(4, p, 9, values)));
+  // Never more than the budget (plus the one frame an empty queue always takes) queued for the joiner.
+  CHECK(syncer.counters().send_queued_bytes <= config.peer_send_budget + frame);
+  CHECK(syncer.counters().state_waiting > 0);
+  CHECK(syncer.counters().send_over_budget == 0);  // waiting, not dropped
+
+  // The learner's retry: the syncer answers the same reply again. What went out is not queued again.
+  const auto out_before = syncer.counters().state_frames_streamed;
+  for (std::uint32_t p = 0; p < kFragments; ++p) CHECK(syncer.send_to(4, state_fragment(4, p, 9, values)));
+  // Each fragment was out already (a duplicate) or still waiting (replaced by the retry's copy).
+  CHECK(syncer.counters().state_duplicates >= out_before);
+  CHECK(syncer.counters().state_duplicates <= syncer.counters().state_frames_streamed);
+  CHECK(syncer.counters().state_waiting > 0);
+
+  // Another learner's global goes out meanwhile: the stream does not starve it.
+  Message global = state_fragment(5, 0, 0, values);
+  global.type = MessageType::global_fragment;
+  REQUIRE(syncer.send_to(5, std::move(global)));
+  const auto got_other = other.receive_until(steady.now() + 10s);
+  REQUIRE(got_other.has_value());
+  CHECK(got_other->type == MessageType::global_fragment);
+
+  // Reading drains the stream: every fragment arrives exactly once, in order.
+  std::vector<std::uint32_t> arrived;
+  std::size_t most_queued = 0, foreign = 0;
+  REQUIRE(eventually([&] {
+    for (const Message& m : read_all(joiner)) {
+      if (m.type != MessageType::full_state || m.sequence != 9) ++foreign;
+      arrived.push_back(m.fragment);
+    }
+    most_queued = std::max<std::size_t>(most_queued, syncer.counters().send_queued_bytes);
+    return arrived.size() >= kFragments;
+  }, 30s));
+  CHECK(foreign == 0);
+  CHECK(most_queued <= config.peer_send_budget + frame);
+  REQUIRE(arrived.size() == kFragments);
+  for (std::uint32_t p = 0; p < kFragments; ++p) CHECK(arrived[p] == p);
+  const ZmqCounters c = syncer.counters();
+  CHECK(c.state_frames_streamed == kFragments);
+  CHECK(c.state_waiting == 0);
+  CHECK(c.send_over_budget == 0);
+  CHECK(c.streams_abandoned == 0);
+  CHECK(c.slow_peer_frames == 0);
+  REQUIRE(eventually([&] { return syncer.counters().send_queued_bytes == 0; }));
+  CHECK(read_all(joiner).empty());  // no second copy of anything
+
+  // A new reply (a new join: another sequence) goes out again, whole.
+  CHECK(syncer.send_to(4, state_fragment(4, 0, 10, values)));
+  std::vector<Message> again;
+  REQUIRE(eventually([&] {
+    for (Message& m : read_all(joiner)) again.push_back(std::move(m));
+    return !again.empty();
+  }));
+  CHECK(again.front().sequence == 10);
+  CHECK(again.front().fragment == 0);
+}
+
+TEST_CASE("A joiner that does not read pins no state: its stream is abandoned after slow_peer_timeout, and it is muted",
+          "[zmq][bounds][join]") {
+  ZmqSyncerConfig config = plain_syncer();
+  config.peer_send_budget = std::size_t{1} << 20;
+  config.slow_peer_timeout = 200ms;
+  ZmqSyncerTransport syncer(config, steady);
+  RawPeer joiner(syncer.endpoint(), 1, 4096);
+  REQUIRE(joiner.send(encode_frame(join_message(4), Codec::fp32)));
+  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+  const Payload values = make_payload(std::vector<float>(64 * 1024, 2.0f));
+  for (std::uint32_t p = 0; p < 32; ++p) REQUIRE(syncer.send_to(4, state_fragment(4, p, 9, values)));
+  REQUIRE(syncer.counters().state_waiting > 0);
+  REQUIRE(eventually([&] { return syncer.counters().streams_abandoned == 1; }));
+  CHECK(syncer.counters().state_waiting == 0);
+  // And like any peer that does not read, it is not heard from (its learner dies by heartbeat time-out).
+  Message hb = join_message(4);
+  hb.type = MessageType::heartbeat;
+  const auto beat = encode_frame(hb, Codec::fp32);
+  REQUIRE(eventually([&] {
+    joiner.send(beat, ZMQ_DONTWAIT);
+    return syncer.counters().slow_peer_frames >= 1;
+  }));
+  while (syncer.try_receive()) {
+  }
+  // Frames copy the payload's bytes: what holds it now is this test and the
+  // transport's cache of the last payload framed (frame_of), not the stream.
+  CHECK(values.use_count() == 2);
+}

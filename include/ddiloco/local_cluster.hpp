@@ -53,7 +53,7 @@ namespace ddiloco {
 ///  2. `t.parameters()` returns the model's tensors in plan order as a
 ///     std::span<T::tensor_type> that stays valid for the trainer's life;
 ///  3. `t.inner_step()` runs one inner optimizer step and returns the number
-///     of tokens it processed (>= 0).
+///     of tokens it processed (> 0: OuterLoop::step refuses 0).
 template <class T>
 concept ClusterTrainer = requires(T& t) {
   typename T::tensor_type;

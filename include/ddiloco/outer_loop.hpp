@@ -68,6 +68,7 @@
 #include <ddiloco/message.hpp>
 #include <ddiloco/schedule.hpp>
 #include <ddiloco/tensor.hpp>
+#include <ddiloco/wire.hpp>
 
 namespace ddiloco {
 
@@ -77,8 +78,18 @@ struct OuterLoopConfig {
   std::size_t overlap = 2;      ///< tau: steps between a send and the application of its result
   float alpha = 0.0f;           ///< mixing on receipt: 0 overwrites (Decoupled DiLoCo default)
   bool lock_step = false;       ///< wait at send + tau for the result (Streaming DiLoCo, for comparison)
-  Duration join_timeout = std::chrono::seconds(30);
-  Duration join_retry = std::chrono::seconds(1);  ///< resend the join request this often while joining
+  /// Give up joining after this long. 0 (default): derived from the size of
+  /// the global state and `join_link_mbit` (derived_join_timeout(): 30 s plus
+  /// twice the state's time on that link); a value > 0 wins.
+  Duration join_timeout = Duration{0};
+  /// The learner's link to the syncer as declared, in Mbit/s (10^6 bit/s), for
+  /// the derived join_timeout: a 1 GiB model at 100 Mbit/s needs 86 s on the
+  /// wire, so it is given 30 + 2 x 86 = 202 s.
+  double join_link_mbit = 100.0;
+  /// Resend the join request when nothing of the state has arrived for this
+  /// long (a lost request or reply must not leave a learner outside the run;
+  /// a state still arriving is not re-requested).
+  Duration join_retry = std::chrono::seconds(1);
   Duration lock_step_timeout = std::chrono::seconds(60);
   Duration heartbeat_interval = std::chrono::seconds(1);
   /// The most tokens one inner step processes (the batch in tokens), declared
@@ -141,6 +152,28 @@ struct OuterLoopStatus {
   /// the global arrived in time; more when it arrived late).
   Histogram apply_delay_steps{staleness_bounds()};
 };
+
+/// Bytes of `plan`'s full state on the wire: one fp32 full_state frame per
+/// fragment (what a join receives).
+inline std::uint64_t full_state_bytes(const Plan& plan) noexcept {
+  std::uint64_t bytes = 0;
+  for (const auto& f : plan.fragments()) bytes += kFrameHeaderSize + 4 * static_cast<std::uint64_t>(f.numel);
+  return bytes;
+}
+
+/// The join time-out OuterLoopConfig::join_timeout = 0 stands for: 30 s (the
+/// round trips, the syncer's rate limits, a retry or two) plus twice the time
+/// `state_bytes` take at `link_mbit` Mbit/s (the margin for a link shared with
+/// other traffic and TCP's ramp-up).
+inline Duration derived_join_timeout(std::uint64_t state_bytes, double link_mbit) {
+  if (!(link_mbit > 0.0) || !(link_mbit < 1e9))
+    throw InvalidArgument(detail::msg("derived_join_timeout: link_mbit = ", link_mbit,
+                                      " Mbit/s must be > 0 and finite; declare the learner's link to the syncer "
+                                      "(OuterLoopConfig::join_link_mbit, the learner's --join-link-mbit; 100 by "
+                                      "default)"));
+  const double wire_s = static_cast<double>(state_bytes) * 8.0 / (link_mbit * 1e6);
+  return std::chrono::seconds(30) + std::chrono::duration_cast<Duration>(std::chrono::duration<double>(2.0 * wire_s));
+}
 
 namespace detail {
 /// A join nonce: differs between incarnations (a restart happens at another
@@ -241,19 +274,22 @@ class OuterLoop {
         config_(validated(config, plan)),
         schedule_(plan.num_fragments(), config_.sync_every, config_.overlap),
         frags_(plan.num_fragments()),
-        applier_(plan, config_.alpha) {
+        applier_(plan, config_.alpha),
+        join_timeout_(config_.join_timeout > Duration{0}
+                          ? config_.join_timeout
+                          : derived_join_timeout(full_state_bytes(plan), config_.join_link_mbit)) {
     for (std::size_t p = 0; p < frags_.size(); ++p) frags_[p].base.resize(plan.fragments()[p].numel);
   }
 
   /// Joins the run: asks the syncer for the global state, waits for it (at
-  /// most `join_timeout`), and writes it into `params`. `names`, if given, are
+  /// most join_timeout()), and writes it into `params`. `names`, if given, are
   /// checked against the plan's tensor names.
   void join(std::span<T> params, std::span<const std::string> names = {}) {
     begin_join(params, names);
-    const TimePoint deadline = transport_->clock().now() + config_.join_timeout;
+    const TimePoint deadline = transport_->clock().now() + join_timeout_;
     while (!poll_join(params)) {
       check_transport();
-      auto m = transport_->receive_until(std::min(deadline, join_sent_ + config_.join_retry));
+      auto m = transport_->receive_until(std::min(deadline, join_heard_ + join_retry_interval()));
       if constexpr (DiagnosingTransport<Transport>) {
         // A link that cannot work (refused key, mismatched security) is said at
         // once: waiting out the time-out would not change it.
@@ -267,8 +303,8 @@ class OuterLoop {
         if constexpr (DiagnosingTransport<Transport>) seen = transport_->link_summary();
         throw TransportError(detail::msg("OuterLoop::join: learner ", config_.id, " received ", join_received_,
                                          " of ", frags_.size(), " fragments of the global state within ",
-                                         std::chrono::duration<double>(config_.join_timeout).count(), " s; ",
-                                         seen));
+                                         std::chrono::duration<double>(join_timeout_).count(), " s; ",
+                                         join_timeout_text(), "; ", seen));
       }
     }
   }
@@ -285,6 +321,9 @@ class OuterLoop {
     join_nonce_ = detail::join_nonce(config_.id, step_, transport_->clock().now());
     join_sequence_.reset();
     join_received_ = 0;
+    join_bytes_ = 0;
+    join_gap_ = Duration{0};
+    join_fragment_at_ = transport_->clock().now();
     pending_.clear();
     pulls_.clear();
     arrived_.clear();
@@ -292,13 +331,16 @@ class OuterLoop {
     send_join();
   }
 
-  /// True once joined. Resends the request every `join_retry` (a lost
-  /// request or reply must not leave a learner outside the run forever).
+  /// True once joined. Resends the request when nothing of the state has
+  /// arrived for `join_retry` (a lost request or reply must not leave a
+  /// learner outside the run forever; a state still streaming in is not asked
+  /// for again). A driver of begin_join/poll_join gives up after
+  /// join_timeout() (join() does).
   bool poll_join(std::span<T> params) {
     if (joined_) return true;
     while (auto m = transport_->try_receive()) on_message(std::move(*m));
     if (join_received_ < frags_.size()) {
-      if (transport_->clock().now() - join_sent_ >= config_.join_retry) send_join();
+      if (transport_->clock().now() - join_heard_ >= join_retry_interval()) send_join();
       return false;
     }
     check_params(params, {});
@@ -308,10 +350,15 @@ class OuterLoop {
   }
 
   /// Call once after every inner step. Never blocks on the network unless
-  /// lock-step mode is on. `tokens`: tokens processed by this inner step.
+  /// lock-step mode is on. `tokens`: tokens processed by this inner step
+  /// (batch x sequence length), > 0.
   StepReport step(std::span<T> params, std::int64_t tokens) {
     if (!joined_) throw StateError("OuterLoop::step() called before join(); call join(params) first");
-    if (tokens < 0) throw InvalidArgument(detail::msg("OuterLoop::step: tokens = ", tokens, " must be >= 0"));
+    if (tokens <= 0)
+      throw InvalidArgument(detail::msg("OuterLoop::step: tokens = ", tokens,
+                                        " must be > 0 (a contribution's weight is tokens^2 / steps: 0 would give "
+                                        "this learner's progress no weight); pass the tokens this inner step "
+                                        "processed (batch x sequence length)"));
     if (config_.tokens_per_step != 0 && static_cast<std::uint64_t>(tokens) > config_.tokens_per_step)
       throw InvalidArgument(detail::msg("OuterLoop::step: tokens = ", tokens, " exceeds the ", config_.tokens_per_step,
                                         " tokens per step this learner declared at join "
@@ -404,6 +451,12 @@ class OuterLoop {
   [[nodiscard]] const OuterLoopStatus& status() const noexcept { return status_; }
   [[nodiscard]] const Schedule& schedule() const noexcept { return schedule_; }
   [[nodiscard]] const OuterLoopConfig& config() const noexcept { return config_; }
+  /// The join time-out in force: OuterLoopConfig::join_timeout, or when that
+  /// is 0 the one derived from the plan's full_state_bytes() and join_link_mbit.
+  [[nodiscard]] Duration join_timeout() const noexcept { return join_timeout_; }
+  /// Fragments of the global state received by the join in progress (or the last), and their payload bytes.
+  [[nodiscard]] std::size_t join_fragments_received() const noexcept { return join_received_; }
+  [[nodiscard]] std::uint64_t join_bytes_received() const noexcept { return join_bytes_; }
   [[nodiscard]] std::uint64_t base_version(std::size_t p) const { return frags_.at(p).base_version; }
 
   /// The learner's view of the global model: the newest global this learner
@@ -452,10 +505,15 @@ class OuterLoop {
     if (!(c.alpha >= 0.0f && c.alpha < 1.0f))
       throw InvalidArgument(detail::msg("OuterLoopConfig::alpha = ", c.alpha,
                                         " must be in [0, 1): 0 overwrites the local fragment (default), 0.5 mixes"));
-    if (c.join_timeout <= Duration{0} || c.join_retry <= Duration{0} || c.lock_step_timeout <= Duration{0} ||
-        c.heartbeat_interval <= Duration{0})
-      throw InvalidArgument(
-          "OuterLoopConfig: join_timeout, join_retry, lock_step_timeout and heartbeat_interval must be > 0");
+    if (c.join_timeout < Duration{0})
+      throw InvalidArgument(detail::msg("OuterLoopConfig::join_timeout = ", c.join_timeout.count(),
+                                        " ns must be >= 0 (0: derived from the state's size and join_link_mbit)"));
+    if (!(c.join_link_mbit > 0.0) || !(c.join_link_mbit < 1e9))
+      throw InvalidArgument(detail::msg("OuterLoopConfig::join_link_mbit = ", c.join_link_mbit,
+                                        " must be > 0 and finite: the learner's link to the syncer in Mbit/s "
+                                        "(--join-link-mbit; default 100)"));
+    if (c.join_retry <= Duration{0} || c.lock_step_timeout <= Duration{0} || c.heartbeat_interval <= Duration{0})
+      throw InvalidArgument("OuterLoopConfig: join_retry, lock_step_timeout and heartbeat_interval must be > 0");
     if (plan.num_fragments() == 0) throw InvalidArgument("OuterLoop: the plan has no fragments");
     if (c.tokens_per_step > (std::uint64_t{1} << 40))
       throw InvalidArgument(detail::msg("OuterLoopConfig::tokens_per_step = ", c.tokens_per_step,
@@ -504,8 +562,32 @@ class OuterLoop {
     return ok;
   }
 
+  /// How long a join waits for the next fragment of its state before asking
+  /// again: join_retry, or twice the longest wait for a fragment so far (from
+  /// the join's start or the fragment before: the request was heard, the link
+  /// is slow), if longer, but at most an eighth of the join time-out.
+  [[nodiscard]] Duration join_retry_interval() const noexcept {
+    return std::max(config_.join_retry, std::min(2 * join_gap_, join_timeout_ / 8));
+  }
+
+  /// What the join time-out was made of, for its message: the state's size,
+  /// the link figure, and the flag to change.
+  std::string join_timeout_text() const {
+    const double mib = static_cast<double>(full_state_bytes(*plan_)) / (1024.0 * 1024.0);
+    const double wire_s = static_cast<double>(full_state_bytes(*plan_)) * 8.0 / (config_.join_link_mbit * 1e6);
+    if (config_.join_timeout > Duration{0})
+      return detail::msg("the time-out was set (OuterLoopConfig::join_timeout, the learner's --join-timeout-ms); the ",
+                         mib, " MiB state needs ", wire_s, " s on the wire at ", config_.join_link_mbit,
+                         " Mbit/s: raise the time-out, or set 0 to derive it from the link");
+    return detail::msg("the time-out was derived from the ", mib, " MiB state at a declared link of ",
+                       config_.join_link_mbit, " Mbit/s (", wire_s,
+                       " s on the wire, x2 + 30 s); on a slower link declare it (OuterLoopConfig::join_link_mbit, "
+                       "the learner's --join-link-mbit) or set the time-out (--join-timeout-ms)");
+  }
+
   void send_join() {
     join_sent_ = transport_->clock().now();
+    join_heard_ = join_sent_;
     Message m = header(MessageType::join);
     m.sequence = join_nonce_;
     m.steps = static_cast<std::int64_t>(config_.sync_every);  // the schedule, checked by a syncer that knows it
@@ -584,7 +666,7 @@ class OuterLoop {
     auto& f = frags_[m.fragment];
     if (m.type == MessageType::full_state && !joined_) {
       // All fragments of one join reply carry the same sequence base.
-      if (join_sequence_ && *join_sequence_ != m.sequence) join_received_ = 0;
+      if (join_sequence_ && *join_sequence_ != m.sequence) join_received_ = 0, join_bytes_ = 0;
       if (!join_sequence_ || *join_sequence_ != m.sequence) {
         for (auto& g : frags_) g.received = false;
         join_sequence_ = m.sequence;
@@ -593,7 +675,14 @@ class OuterLoop {
       if (!f.received) {
         f.received = true;
         ++join_received_;
+        join_bytes_ += 4 * m.payload->size();
       }
+      // The state is arriving: no retry while it does. Fragments that each take
+      // longer than join_retry on a slow link must not draw a request per
+      // second: the retry waits for twice the longest gap seen between them.
+      const TimePoint now = transport_->clock().now();
+      join_gap_ = std::max(join_gap_, now - join_fragment_at_);
+      join_heard_ = join_fragment_at_ = now;
       f.latest = std::move(m.payload);
       f.latest_version = m.version;
       f.base_version = 0;
@@ -865,6 +954,11 @@ class OuterLoop {
   bool rejoining_ = false;  ///< a rejoin request is out, its reply not yet in
   TimePoint last_send_{0};
   TimePoint join_sent_{0};
+  TimePoint join_heard_{0};  ///< the last join request sent or fragment of its state received
+  Duration join_gap_{0};     ///< the longest wait for a fragment of this join's state so far (join_retry_interval())
+  TimePoint join_fragment_at_{0};  ///< when the last fragment of this join's state came (its start before the first)
+  std::uint64_t join_bytes_ = 0;
+  Duration join_timeout_;    ///< config_.join_timeout, or derived (join_timeout())
   OuterLoopStatus status_{};
 };
 

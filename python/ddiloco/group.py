@@ -285,9 +285,10 @@ class GroupLearner:
         if self._down is not None or not self._joined:
             self._check_up("step")
             raise _error(_core.StateError, "step() called before join(); call join() on every rank first")
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-            raise _error(_core.InvalidArgument, f"tokens = {tokens!r} must be an int >= 0 (the tokens of this inner "
-                         "step)")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+            raise _error(_core.InvalidArgument, f"tokens = {tokens!r} must be an int > 0 (a contribution's weight is "
+                         "tokens^2 / steps: 0 would give this rank's progress no weight); pass the tokens this inner "
+                         "step processed (batch x sequence length)")
         self._step += 1
         t = self._step
         self._own_tokens += tokens

@@ -138,9 +138,9 @@ def outer_loop(model: NamedParameters, optimizer: torch.optim.Optimizer, *,
     """
     if optimizer is None or not hasattr(optimizer, "step"):
         raise TypeError("ddiloco.outer_loop: optimizer must be a torch.optim.Optimizer (its step() is hooked)")
-    if not (callable(tokens_per_step) or (isinstance(tokens_per_step, int) and tokens_per_step >= 0)):
+    if not (callable(tokens_per_step) or (isinstance(tokens_per_step, int) and tokens_per_step > 0)):
         raise TypeError(f"ddiloco.outer_loop: tokens_per_step = {tokens_per_step!r} must be the tokens of one "
-                        "inner step (an int >= 0) or a callable returning them")
+                        "inner step (an int > 0: batch x sequence length) or a callable returning them")
     learner = Learner(model, **learner_kwargs)
     loop = OuterLoop(learner, tokens_per_step)
     try:

@@ -35,9 +35,18 @@
 #   RATE is a tc rate (50mbit, 100mbit, 1gbit) or "none" (no limit); the grid
 #   point "0:none" is the run without emulation (same namespaces, relay with no
 #   delay and no rate limit).
+# Join test: run_wan.sh --bin DIR --join-test --probe PATH [--join-mib N]
+#   [--join-rate RATE] [--join-budget-mb N]: a learner joins a model of N MiB
+#   (default 16) over a RATE link (default 4mbit, 20 ms RTT) while another
+#   learner trains; the syncer's per-peer send budget is --join-budget-mb
+#   (default 1: the state is 16 times the budget, as a 1 GiB model is to the
+#   default 64 MiB). PATH is ddiloco_join_probe (tests/tools). Fails unless the
+#   state arrives whole with no byte sent twice, within its derived time-out,
+#   and the training learner's merges go on meanwhile; prints the join time and
+#   its extrapolation to 1 GiB at 100 Mbit/s (docs/operations.md).
 set -u -o pipefail
 
-BIN="" OUT="" SMOKE=0 LEARNERS=4
+BIN="" OUT="" SMOKE=0 LEARNERS=4 JOIN_TEST=0 PROBE="" JOIN_MIB=16 JOIN_RATE=4mbit JOIN_BUDGET_MB=1
 GRID="0:none 20:50mbit 20:100mbit 20:1gbit 50:100mbit 100:50mbit 100:100mbit 100:1gbit"
 MODES="decoupled-fp32 decoupled-int4 sync"
 STEPS_DEC=3000 STEPS_SYNC=100 REPEATS=1 SEND_TO=contributors GLOBAL_CODEC=fp32
@@ -54,7 +63,12 @@ while [ $# -gt 0 ]; do
     --repeats) REPEATS="$2"; shift 2 ;;
     --send-merged-to) SEND_TO="$2"; shift 2 ;;
     --global-codec) GLOBAL_CODEC="$2"; shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    --join-test) JOIN_TEST=1; shift ;;
+    --probe) PROBE="$2"; shift 2 ;;
+    --join-mib) JOIN_MIB="$2"; shift 2 ;;
+    --join-rate) JOIN_RATE="$2"; shift 2 ;;
+    --join-budget-mb) JOIN_BUDGET_MB="$2"; shift 2 ;;
+    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
     *) echo "run_wan.sh: unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -65,6 +79,10 @@ fi
 for p in ddiloco_syncer ddiloco_learner; do
   [ -x "$BIN/$p" ] || { echo "run_wan.sh: $BIN/$p not found; build it first" >&2; exit 2; }
 done
+if [ "$JOIN_TEST" = 1 ]; then
+  [ -x "$PROBE" ] || { echo "run_wan.sh: --join-test needs --probe PATH (ddiloco_join_probe); build it first" >&2; exit 2; }
+  LEARNERS=2
+fi
 OUT="${OUT:-$(pwd)/wan-out}"
 mkdir -p "$OUT"
 
@@ -258,6 +276,95 @@ run_mode() {
   echo "wan: rep $REP $mode rtt=${rtt}ms rate=$rate tokens/s per learner: $tps steady steps/s: $steady merges=${merges:-?} accepted=${accepted:-?} stale=${stale:-?} val=${val:-?} bytes_in=${bin:-?} bytes_out=${bout:-?} ok=$ok"
   [ "$ok" = 1 ] && [ "${merges:-0}" -gt 0 ]
 }
+
+# join_test: learner 0 (region 0) joins and trains a JOIN_MIB model at one
+# synthetic step per 200 ms; learner 1 (region 1) joins while it does. Both
+# links run JOIN_RATE with 20 ms RTT.
+join_test() {
+  local dir="$OUT/logs/join_${JOIN_MIB}mib_${JOIN_RATE}" tensors=16 mbit
+  rm -rf "$dir"; mkdir -p "$dir"
+  mbit="$(python3 -c "
+import re; m = re.fullmatch(r'(\d+)(k|m|g)bit', '$JOIN_RATE'); print(int(m[1]) * {'k': 1e-3, 'm': 1, 'g': 1e3}[m[2]])")"
+  # 16 tensors of JOIN_MIB / 16 MiB each, one fragment each.
+  local numel=$((JOIN_MIB * 1024 * 1024 / 4 / tensors)) i
+  for ((i = 0; i < tensors; i++)); do echo "t$i $numel"; done >"$dir/tensors.txt"
+  # H = 480 at a step per 200 ms: learner 0 sends one 1 MiB fragment per 6 s (1.4 Mbit/s of its link).
+  local model="--tensors $dir/tensors.txt --fragments $tensors --sync-every 480 --overlap 2"
+  local ep=tcp://10.77.0.1:5555
+  # shellcheck disable=SC2086
+  ip netns exec "$NS_S" "$BIN/ddiloco_syncer" $model --allow-zero-init --plaintext --bind "$ep" --quorum 1 \
+    --outer-momentum 0.5 --peer-send-budget-mb "$JOIN_BUDGET_MB" --status-file "$dir/status" --status-every-ms 500 \
+    >"$dir/syncer.log" 2>&1 &
+  local spid=$! p0 p1
+  PIDS+=("$spid")
+  # shellcheck disable=SC2086
+  ip netns exec "${TAG}r0" "$PROBE" --plaintext --connect "$ep" --id 0 $model --join-link-mbit "$mbit" \
+    --step-ms 200 --report-every 5 --stop-file "$dir/stop" >"$dir/learner0.log" 2>&1 &
+  p0=$!
+  PIDS+=("$p0")
+  local limit=$((SECONDS + 600))
+  until grep -q "probe 0: joined" "$dir/learner0.log" 2>/dev/null; do
+    kill -0 "$p0" 2>/dev/null && [ "$SECONDS" -lt "$limit" ] || { echo "join: learner 0 did not join"; tail -n 5 "$dir"/*.log; return 1; }
+    sleep 0.2
+  done
+  # Learner 0 trains: wait for its first applied merge, then learner 1 joins.
+  until [ "$(grep -o 'applies [0-9]*' "$dir/learner0.log" | tail -n 1 | awk '{print $2}')" -gt "$tensors" ] 2>/dev/null; do
+    kill -0 "$p0" 2>/dev/null && [ "$SECONDS" -lt "$limit" ] || { echo "join: learner 0 applied no merge"; tail -n 5 "$dir"/*.log; return 1; }
+    sleep 0.2
+  done
+  local applies_before
+  applies_before="$(grep -o 'applies [0-9]*' "$dir/learner0.log" | tail -n 1 | awk '{print $2}')"
+  # shellcheck disable=SC2086
+  ip netns exec "${TAG}r1" "$PROBE" --plaintext --connect "$ep" --id 1 $model --join-link-mbit "$mbit" \
+    --steps 5 --step-ms 200 --report-every 5 >"$dir/learner1.log" 2>&1 &
+  p1=$!
+  PIDS+=("$p1")
+  local rc=0
+  wait "$p1" || rc=$?
+  local applies_after
+  applies_after="$(grep -o 'applies [0-9]*' "$dir/learner0.log" | tail -n 1 | awk '{print $2}')"
+  touch "$dir/stop"
+  wait "$p0"
+  kill -TERM "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+  PIDS=("${PIDS[@]:0:${#PIDS[@]}-3}")  # the relays stay for cleanup
+  local line
+  line="$(grep 'probe 1: joined' "$dir/learner1.log")"
+  if [ "$rc" -ne 0 ] || [ -z "$line" ]; then
+    echo "join: FAIL: learner 1 did not join (exit status $rc): $(tail -n 2 "$dir/learner1.log")"; return 1
+  fi
+  echo "join: learner 1: ${line#probe 1: }"
+  local secs state received requests timeout
+  read -r secs state received requests timeout < <(echo "$line" |
+    sed -E 's/.*joined in ([0-9.]+) s: ([0-9.]+) MiB of state, ([0-9.]+) MiB received, ([0-9]+) join requests, time-out ([0-9.]+) s/\1 \2 \3 \4 \5/')
+  echo "join: syncer: $(grep -E '^(state_frames_streamed|state_duplicates|streams_abandoned|send_over_budget|slow_peer_frames)=' "$dir/status" | paste -sd' ')"
+  echo "join: learner 0 applied $((applies_after - applies_before)) merged fragments while learner 1 joined"
+  python3 - "$secs" "$state" "$received" "$mbit" "$timeout" <<'PY'
+import sys
+secs, state, received, mbit, timeout = map(float, sys.argv[1:])
+wire = state * 8 * 1048576 / (mbit * 1e6)
+print(f"join: {state:.1f} MiB in {secs:.1f} s over {mbit:g} Mbit/s: {state * 8 * 1048576 / secs / 1e6:.2f} Mbit/s of state, "
+      f"{100 * wire / secs:.0f}% of the link; received {received / state:.3f} x the state; time-out {timeout:.1f} s")
+print(f"join: extrapolated: 1 GiB at 100 Mbit/s in {secs * (1024 / state) * (mbit / 100):.0f} s "
+      f"(derived time-out {30 + 2 * 1024 * 8 * 1048576 / 100e6:.0f} s)")
+PY
+  local dups over
+  dups="$(sed -n 's/^state_duplicates=//p' "$dir/status")"
+  over="$(sed -n 's/^send_over_budget=//p' "$dir/status")"
+  awk -v r="$received" -v s="$state" 'BEGIN {exit !(r < s * 1.01)}' ||
+    { echo "join: FAIL: learner 1 received $received MiB for a $state MiB state (bytes sent twice)"; return 1; }
+  awk -v t="$secs" -v l="$timeout" 'BEGIN {exit !(t < l)}' || { echo "join: FAIL: the join took longer than its time-out"; return 1; }
+  [ "$((applies_after - applies_before))" -gt 0 ] ||
+    { echo "join: FAIL: learner 0 applied no merge while learner 1 joined (starved)"; return 1; }
+  echo "join: PASS (state_duplicates=${dups:-?} send_over_budget=${over:-?})"
+}
+
+if [ "$JOIN_TEST" = 1 ]; then
+  net_up 20 "$JOIN_RATE" || { echo "run_wan.sh: network setup failed" >&2; exit 1; }
+  join_test
+  status=$?
+  cleanup
+  exit "$status"
+fi
 
 echo "mode,rtt_ms,rate,learners,steps,codec,params,tokens_per_s,wall_s,bytes_in,bytes_out,merges,ok,steady_steps_per_s,sends,applies,rejected_stale,accepted,val_loss,rep,send_merged_to,global_codec" >"$OUT/wan.csv"
 status=0

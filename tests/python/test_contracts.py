@@ -109,14 +109,19 @@ def test_security_must_be_chosen(tiny):
         ddiloco.Syncer(tiny)
 
 
-def test_step_before_join_and_negative_tokens_are_refused(tiny, syncer_of):
+def test_step_before_join_and_negative_or_zero_tokens_are_refused(tiny, syncer_of):
     ln = learner(tiny)
     with pytest.raises(ddiloco.StateError, match=r"step\(\) called before join\(\)"):
         ln.step(1)
     s = syncer_of(tiny)
     ln2 = learner(tiny, endpoint=s.endpoint).join()
-    with pytest.raises(ddiloco.InvalidArgument, match=r"tokens = -1 must be >= 0"):
+    with pytest.raises(ddiloco.InvalidArgument, match=r"tokens = -1 must be > 0"):
         ln2.step(-1)
+    # 0 would weigh the contribution 0 (tokens^2 / steps): the C++ message, naming the fix, reaches Python.
+    with pytest.raises(ddiloco.InvalidArgument, match=r"tokens = 0 must be > 0 .*no weight.*"
+                                                      r"pass the tokens this inner step processed \(batch x sequence "
+                                                      r"length\)"):
+        ln2.step(0)
     ln.close()
     ln2.close()
     with pytest.raises(ddiloco.StateError, match="the learner is closed"):

@@ -23,6 +23,11 @@
 // refused (take_refusals, rate limited) and answers a listed key that claims
 // another id with JoinRefusal::identity. docs/troubleshooting.md lists every
 // message and its fix.
+// Full states stream: the full_state replies of a join (or an observe) are not
+// queued all at once but handed to ZeroMQ fragment by fragment as the
+// learner's connection drains, within its send budget; a retried request does
+// not queue again what already went out on that connection (ZmqSyncerConfig,
+// "join streams"; docs/operations.md, "Joins: sizes, links, time-outs").
 // The global-model view: ZmqObserver / fetch_global read the syncer's current
 // global state without being a learner (MessageType::observe).
 //
@@ -213,6 +218,13 @@ struct ZmqCounters {
   std::uint64_t incoming_queued_bytes = 0;  ///< syncer, now: bytes of received messages not yet taken
   std::uint64_t incoming_queued = 0;        ///< syncer, now: received messages not yet taken
   std::uint64_t peers = 0;                  ///< syncer, now: reply routes kept (peers heard from)
+  // Join streams (full_state replies, docs/operations.md "Joins: sizes, links, time-outs").
+  std::uint64_t state_frames_streamed = 0;  ///< syncer: full_state frames handed to ZeroMQ by a stream
+  std::uint64_t state_duplicates = 0;  ///< syncer: full_state replies not queued: that fragment of that reply already went out on that connection
+  std::uint64_t streams_abandoned = 0;  ///< syncer: streams whose waiting fragments were dropped (the connection took nothing for slow_peer_timeout)
+  std::uint64_t stream_refusals = 0;    ///< syncer: full_state replies refused because max_join_streams were busy (also in send_dropped)
+  std::uint64_t state_waiting = 0;      ///< syncer, now: full_state replies waiting in streams for room
+  std::uint64_t streams = 0;            ///< syncer, now: streams kept (learner ids with a full state in flight or recently sent)
 };
 
 namespace detail {
@@ -237,18 +249,24 @@ class SendCharge {
  public:
   using Counter = std::shared_ptr<std::atomic<std::size_t>>;
   SendCharge() = default;
-  SendCharge(Counter peer, Counter total, std::size_t bytes)
-      : peer_(std::move(peer)), total_(std::move(total)), bytes_(bytes) {
+  /// `extra`, if given, is charged too (the join streams' share of the total).
+  SendCharge(Counter peer, Counter total, std::size_t bytes, Counter extra = {})
+      : peer_(std::move(peer)), total_(std::move(total)), extra_(std::move(extra)), bytes_(bytes) {
     if (peer_) peer_->fetch_add(bytes_);
     if (total_) total_->fetch_add(bytes_);
+    if (extra_) extra_->fetch_add(bytes_);
   }
   SendCharge(SendCharge&& o) noexcept
-      : peer_(std::move(o.peer_)), total_(std::move(o.total_)), bytes_(std::exchange(o.bytes_, 0)) {}
+      : peer_(std::move(o.peer_)),
+        total_(std::move(o.total_)),
+        extra_(std::move(o.extra_)),
+        bytes_(std::exchange(o.bytes_, 0)) {}
   SendCharge& operator=(SendCharge&& o) noexcept {
     if (this != &o) {
       release();
       peer_ = std::move(o.peer_);
       total_ = std::move(o.total_);
+      extra_ = std::move(o.extra_);
       bytes_ = std::exchange(o.bytes_, 0);
     }
     return *this;
@@ -262,9 +280,10 @@ class SendCharge {
     if (bytes_ == 0) return;
     if (peer_) peer_->fetch_sub(bytes_);
     if (total_) total_->fetch_sub(bytes_);
+    if (extra_) extra_->fetch_sub(bytes_);
     bytes_ = 0;
   }
-  Counter peer_, total_;
+  Counter peer_, total_, extra_;
   std::size_t bytes_ = 0;
 };
 
@@ -503,6 +522,31 @@ struct ZmqSyncerConfig {
   /// frames are dropped on arrival (slow_peer_frames), so the syncer declares
   /// its learners dead after their heartbeat time-out and stops sending to them.
   Duration slow_peer_timeout = std::chrono::seconds(10);
+  // ---- join streams (docs/operations.md, "Joins: sizes, links, time-outs") ----
+  // A full_state reply (a join's or an observe's, one per fragment) is never
+  // dropped for want of budget: it waits in its learner id's stream (the
+  // message, sharing the syncer's payload: no frame is built) and is framed
+  // and handed to ZeroMQ when the connection's queue has room, so a state far
+  // larger than peer_send_budget streams out as the link drains and never more
+  // than the budget is queued for one joiner. The streams together take at most
+  // half of send_budget, so the other learners' traffic keeps the other half.
+  // A reply for a fragment of the same reply (same sequence) that already went
+  // out on the same connection is not queued again (state_duplicates): a
+  // retried request costs no second copy. A new sequence (a new join) or a new
+  // connection starts afresh. A stream whose connection takes nothing for
+  // slow_peer_timeout drops its waiting replies (streams_abandoned; the
+  // learner's next retry asks again), so a joiner that does not read pins no
+  // payload, and is muted like any peer that does not read (a stream blocked
+  // on its connection's budget starts the slow-peer clock; every frame it
+  // moves stops it): slow_peer_timeout must exceed one fragment's time on the
+  // slowest link (a 16 MiB fragment at 100 Mbit/s: 1.3 s).
+  /// Learner ids with a stream at once (a finished stream is kept for
+  /// join_stream_linger to recognise retries); beyond, a full_state reply takes
+  /// the budget path of any other frame (dropped when over budget).
+  std::size_t max_join_streams = 256;
+  /// How long a stream whose every reply went out is remembered (retries of
+  /// that join are then not sent again).
+  Duration join_stream_linger = std::chrono::seconds(60);
   /// Contributions are handed to the syncer in their wire encoding
   /// (Message::encoded, holding the received buffer) instead of decoded to
   /// fp32: the frame is still checked here (header, sizes, checksums, valid
@@ -646,7 +690,20 @@ class ZmqSyncerTransport {
   /// peer connection's or the total send budget (unless that queue is empty):
   /// nothing is encoded then. A peer not heard from is charged only against the
   /// total (its frame is dropped when sent).
+  /// A full_state reply is queued in its learner's join stream instead (see
+  /// ZmqSyncerConfig, "join streams") and true returned: it goes out as the
+  /// connection drains, or not at all when that fragment of that reply went out
+  /// on this connection already.
   bool send_to(LearnerId id, Message&& m) {
+    if (m.type == MessageType::full_state) {
+      if (auto queued = stream_to(id, m)) {
+        if (*queued) {
+          pump_streams();
+          wake();
+        }
+        return true;  // queued in its stream, or that fragment of that reply is out already
+      }
+    }
     const std::size_t charge = frame_size(m, config_.global_codec) + detail::kQueuedMessageOverhead;
     detail::SendCharge held;
     {
@@ -673,7 +730,7 @@ class ZmqSyncerTransport {
     std::shared_ptr<detail::FrameBlock> frame = frame_of(m);
     {
       std::lock_guard lock(mutex_);
-      outgoing_.push_back({id, std::move(frame), std::move(held)});
+      outgoing_.push_back({id, std::move(frame), std::move(held), std::nullopt});
     }
     wake();
     return true;
@@ -702,6 +759,9 @@ class ZmqSyncerTransport {
     c.incoming_queued_bytes = incoming_bytes_;
     c.incoming_queued = incoming_.size();
     c.peers = routes_.size();
+    c.streams = streams_.size();
+    c.state_waiting = 0;
+    for (const auto& [id, st] : streams_) c.state_waiting += st.pending.size();
     return c;
   }
 
@@ -731,6 +791,9 @@ class ZmqSyncerTransport {
     LearnerId to;
     std::shared_ptr<detail::FrameBlock> frame;
     detail::SendCharge charge;  ///< released when ZeroMQ lets go of the frame
+    /// A stream's full_state (sequence, fragment): if ZeroMQ refuses it, it is
+    /// unmarked as sent, so the learner's retry asks for it again.
+    std::optional<std::pair<std::uint64_t, std::uint32_t>> streamed;
   };
 
   /// A peer connection: the bytes queued on it (peer_send_budget) and since
@@ -749,6 +812,140 @@ class ZmqSyncerTransport {
     Message message;
     std::size_t bytes = 0;  ///< what it holds in memory (incoming_max_bytes)
   };
+  /// One learner id's full state on its way (ZmqSyncerConfig, "join streams").
+  struct Stream {
+    std::shared_ptr<Connection> conn;          ///< the connection `sent` went out on
+    std::uint64_t sequence = 0;                ///< the reply's sequence (a join's base, an observe's nonce)
+    std::map<std::uint32_t, Message> pending;  ///< replies waiting for room, one per fragment, lowest first
+    std::vector<std::uint32_t> sent;           ///< fragments of this reply handed to ZeroMQ on `conn`
+    TimePoint last_moved{0};                   ///< when it last handed a frame to ZeroMQ (or began)
+  };
+
+  /// Files a full_state reply in learner `id`'s stream: true when queued
+  /// there, false when its fragment already went out (a duplicate: nothing to
+  /// do, reported as sent by send_to). nullopt when no stream can be made
+  /// (max_join_streams busy): send_to's budget path takes it.
+  std::optional<bool> stream_to(LearnerId id, Message& m) {
+    std::lock_guard lock(mutex_);
+    const TimePoint now = clock_->now();
+    std::shared_ptr<Connection> conn;
+    if (auto r = routes_.find(id); r != routes_.end()) conn = r->second.conn;
+    auto it = streams_.find(id);
+    if (it == streams_.end()) {
+      if (streams_.size() >= config_.max_join_streams) {
+        // Room from the finished stream that moved last longest ago, if any.
+        auto victim = streams_.end();
+        for (auto j = streams_.begin(); j != streams_.end(); ++j)
+          if (j->second.pending.empty() && (victim == streams_.end() || j->second.last_moved < victim->second.last_moved))
+            victim = j;
+        if (victim == streams_.end()) {
+          ++counters_.stream_refusals;
+          return std::nullopt;
+        }
+        streams_.erase(victim);
+      }
+      it = streams_.emplace(id, Stream{}).first;
+      it->second.conn = conn;
+      it->second.sequence = m.sequence;
+      it->second.last_moved = now;
+    }
+    Stream& st = it->second;
+    if (st.sequence != m.sequence) {
+      // A new reply (a new join or fetch): the old one's waiting fragments are stale.
+      st.pending.clear();
+      st.sent.clear();
+      st.sequence = m.sequence;
+      st.last_moved = now;
+    }
+    if (st.conn != conn) {
+      // Another connection: what went out on the old one may never arrive.
+      st.sent.clear();
+      st.conn = conn;
+    }
+    if (std::find(st.sent.begin(), st.sent.end(), m.fragment) != st.sent.end()) {
+      ++counters_.state_duplicates;
+      return false;
+    }
+    if (st.pending.empty()) st.last_moved = std::max(st.last_moved, now);  // waiting from now on
+    st.pending.insert_or_assign(m.fragment, std::move(m));  // a newer copy replaces a waiting one
+    return true;
+  }
+
+  /// Hands waiting full_state replies to the I/O thread while they fit: the
+  /// connection's queue within peer_send_budget (or empty), all queues within
+  /// send_budget and the streams within half of it (or empty). Forgets
+  /// streams finished for join_stream_linger and abandons those whose
+  /// connection took nothing for slow_peer_timeout. Frames are built outside
+  /// the lock.
+  void pump_streams() {
+    struct Move {
+      LearnerId to;
+      Message message;
+      detail::SendCharge charge;
+    };
+    std::vector<Move> moves;
+    {
+      std::lock_guard lock(mutex_);
+      if (streams_.empty()) return;
+      const TimePoint now = clock_->now();
+      const std::size_t stream_share = std::max<std::size_t>(config_.send_budget / 2, 1);
+      for (auto it = streams_.begin(); it != streams_.end();) {
+        Stream& st = it->second;
+        if (auto r = routes_.find(it->first); r != routes_.end() && r->second.conn != st.conn) {
+          // The learner came back on another connection: its budget is that
+          // one's, and what went out on the old one may never arrive.
+          st.conn = r->second.conn;
+          st.sent.clear();
+        }
+        while (!st.pending.empty()) {
+          auto first = st.pending.begin();
+          const std::size_t charge = frame_size(first->second, config_.global_codec) + detail::kQueuedMessageOverhead;
+          const std::size_t mine = st.conn ? st.conn->queued.load() : 0, all = send_queued_->load(),
+                            streams = stream_queued_->load();
+          const bool peer_full = mine != 0 && mine + charge > config_.peer_send_budget;
+          if (peer_full || (all != 0 && all + charge > config_.send_budget) ||
+              (streams != 0 && streams + charge > stream_share)) {
+            // Its own queue is full: as for a refused send, the slow-peer clock
+            // runs until a frame moves (muted_locked: a joiner that does not read
+            // is muted after slow_peer_timeout, like any peer).
+            if (peer_full && st.conn && !st.conn->over_since) st.conn->over_since = now;
+            break;
+          }
+          detail::SendCharge::Counter peer;
+          if (st.conn) {
+            st.conn->over_since.reset();  // it drains: not a peer that does not read
+            peer = detail::SendCharge::Counter(st.conn, &st.conn->queued);
+          }
+          moves.push_back({it->first, std::move(first->second),
+                           detail::SendCharge(std::move(peer), send_queued_, charge, stream_queued_)});
+          st.sent.push_back(first->first);
+          st.pending.erase(first);
+          st.last_moved = now;
+        }
+        if (!st.pending.empty() && now - st.last_moved >= config_.slow_peer_timeout && st.conn &&
+            st.conn->queued.load() != 0) {
+          ++counters_.streams_abandoned;  // its connection does not read: pin no payload for it
+          st.pending.clear();
+          st.last_moved = now;
+        }
+        if (st.pending.empty() && now - st.last_moved >= config_.join_stream_linger) {
+          it = streams_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    if (moves.empty()) return;
+    std::vector<Outgoing> framed;
+    framed.reserve(moves.size());
+    for (auto& mv : moves) {
+      const std::pair<std::uint64_t, std::uint32_t> key{mv.message.sequence, mv.message.fragment};
+      framed.push_back({mv.to, frame_of(mv.message), std::move(mv.charge), key});
+    }
+    std::lock_guard lock(mutex_);
+    counters_.state_frames_streamed += framed.size();
+    for (auto& o : framed) outgoing_.push_back(std::move(o));
+  }
 
   static void check_bounds(const ZmqSyncerConfig& c) {
     if (c.send_hwm < 0 || c.recv_hwm < 0)
@@ -768,6 +965,10 @@ class ZmqSyncerTransport {
     if (c.slow_peer_timeout <= Duration{0})
       throw InvalidArgument(detail::msg("ZmqSyncerConfig::slow_peer_timeout = ", c.slow_peer_timeout.count(),
                                         " ns must be > 0 (default 10 s)"));
+    if (c.max_join_streams == 0 || c.join_stream_linger < Duration{0})
+      throw InvalidArgument(detail::msg("ZmqSyncerConfig: max_join_streams = ", c.max_join_streams,
+                                        " must be > 0 and join_stream_linger = ", c.join_stream_linger.count(),
+                                        " ns >= 0 (defaults 256 and 60 s)"));
     if (c.peer_receive_budget == 0 || c.incoming_max_messages == 0 || c.incoming_max_bytes == 0 || c.max_peers == 0)
       throw InvalidArgument(detail::msg("ZmqSyncerConfig: peer_receive_budget = ", c.peer_receive_budget,
                                         ", incoming_max_messages = ", c.incoming_max_messages,
@@ -849,6 +1050,7 @@ class ZmqSyncerTransport {
         }
       }
       if (monitor_ != nullptr && (items[2].revents & ZMQ_POLLIN)) drain_monitor();
+      pump_streams();  // full states go on as their connections drain
       flush_outgoing();
       if (!paused && (items[0].revents & ZMQ_POLLIN)) receive_all();
     }
@@ -876,6 +1078,11 @@ class ZmqSyncerTransport {
         counters_.bytes_out += size;
       } else {
         ++counters_.send_dropped;  // unknown peer (EHOSTUNREACH) or high-water mark (EAGAIN)
+        if (o.streamed) {
+          // Not out after all: a retried request may ask for it again.
+          if (auto st = streams_.find(o.to); st != streams_.end() && st->second.sequence == o.streamed->first)
+            std::erase(st->second.sent, o.streamed->second);
+        }
       }
     }
   }
@@ -1111,6 +1318,9 @@ class ZmqSyncerTransport {
   std::deque<Outgoing> outgoing_;
   /// Bytes of all frames queued for peers (send_budget), shared with the charges.
   detail::SendCharge::Counter send_queued_ = std::make_shared<std::atomic<std::size_t>>(0);
+  /// The part of send_queued_ that join streams queued (at most half of send_budget).
+  detail::SendCharge::Counter stream_queued_ = std::make_shared<std::atomic<std::size_t>>(0);
+  std::map<LearnerId, Stream> streams_;  ///< join streams by learner id (at most max_join_streams)
   std::shared_ptr<detail::FramePool> pool_ = std::make_shared<detail::FramePool>();
   std::mutex frame_cache_mutex_;
   Payload cached_payload_;                          ///< the payload of the last frame encoded ...
