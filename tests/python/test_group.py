@@ -155,11 +155,16 @@ def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_
     assert follower["applies"] == leader["applies"] - 2 and follower["applies"] >= 20, (leader, follower)
     assert follower["base_versions"] == leader["base_versions"]
     # The leader's counters account for the group's tokens (token_count="sum"): its own BATCH per step, and
-    # the follower's up to the last step at which the ranks communicated (every send is such a step).
+    # the follower's up to the last step at which a fragment was due (every send is at one): H / P = 4 steps
+    # apart, so one of the last 4.
     assert leader["step"] == STEPS == follower["group_step"] and follower["own_tokens"] == BATCH * STEPS
     assert leader["synced_step"] == follower["synced_step"] and leader["synced_steps"] == follower["synced_steps"]
-    assert leader["tokens"] == BATCH * STEPS + BATCH * follower["synced_step"], (leader, follower)
+    assert leader["tokens_step"] == follower["tokens_step"] and STEPS - 4 < follower["tokens_step"] <= STEPS
+    assert leader["tokens"] == BATCH * STEPS + BATCH * follower["tokens_step"], (leader, follower)
+    # The ranks communicate only where a global may be applied: from a send + tau until it is (at least one
+    # step per send; the leader's sends after the join are a fragment every H / P = 4 steps).
     assert STEPS - 8 < follower["synced_step"] <= STEPS
+    assert leader["sends"] - 2 <= follower["synced_steps"] < STEPS, (leader, follower)
     st = s.status()
     others = st["rejected_total"] - st["rejected"]["stale"]  # stale: see test_training.py
     assert st["joins"] >= 3 and others == 0 and st["merges"] >= 20, st["line"]
