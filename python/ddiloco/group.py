@@ -34,6 +34,10 @@ _TOKEN_COUNTS = ("sum", "leader")
 # (-1: none), waited, fragment ids (P slots), versions (P slots), the step of each fragment's send awaiting
 # its global (P slots, -1: none)].
 _FAILED = -1
+# A step's header and the globals it may apply travel in one broadcast when these hold at most this many
+# floats together (1 MiB): the slots of globals not applied are sent too, which costs less than a second
+# collective at this size.
+_FOLD_FLOATS = 1 << 18
 _NEVER = float("inf")
 
 
@@ -125,6 +129,8 @@ class GroupLearner:
         self._eligible_from = _NEVER  # the first step at which one of those may be applied
         self._pending = {}       # the leader: fragment -> step of its send awaiting the result (its OuterLoop's)
         self._posted = []        # the leader: its broadcasts in flight
+        self._fold = None        # the buffer of a step's header and values in one broadcast (CPU groups)
+        self._fold_floats = _FOLD_FLOATS
         self._tokens_step = 0    # token_count="sum": the last step at which the group's tokens were summed
 
         names, tensors, modules = named_parameters(model, _WHO)
@@ -330,8 +336,27 @@ class GroupLearner:
                 else:
                     self._pending[report.sent] = t
             return report
-        h = self._header_np  # host view of the header
         count = self._count
+        numels = self.plan["fragment_numel"]
+        # One broadcast for the header and the values when the globals that may be applied here are small
+        # (the fragments whose send + tau has come, each in its own slot; slots of globals not applied carry
+        # nothing): a step then makes one collective, not 1 + applied. Larger ones go after the header.
+        slots, total = {}, 0
+        if self._device.type == "cpu":
+            for f in sorted(f for f, at in self._sent_at.items() if at + self._overlap <= t):
+                slots[f] = total
+                total += numels[f]
+        fold = bool(slots) and total <= self._fold_floats
+        if fold:
+            header_bytes = 8 * (3 + 3 * count)
+            need = header_bytes + 4 * total
+            if self._fold is None or self._fold.numel() < need:
+                self._fold = torch.empty(need, dtype=torch.uint8)
+            message = self._fold[:need]
+            h = message[:header_bytes].view(torch.int64).numpy()
+            folded = message[header_bytes:].view(torch.float32).numpy()
+        else:
+            message, h = self._header, self._header_np  # the header; h: its host view
         failure: Optional[BaseException] = None
         report = None
         if self.is_leader:
@@ -340,6 +365,14 @@ class GroupLearner:
                 report = self._learner.step(tokens)
                 applied = report.applied
                 n = len(applied)
+                if fold:
+                    for fragment in applied:
+                        if fragment not in slots:
+                            raise _error(_core.StateError, f"rank {self.rank}: the leader's step {t} applied fragment "
+                                         f"{fragment}, whose send + tau the group had not reached ({report}); this "
+                                         "is a bug in ddiloco: please report it with the learner's keywords")
+                        at = slots[fragment]
+                        self._learner._core.copy_applied(fragment, folded[at:at + numels[fragment]])
                 if report.sent is not None:
                     self._pending[report.sent] = t
                 for fragment in applied:
@@ -353,16 +386,16 @@ class GroupLearner:
             except BaseException as e:
                 failure = e
                 h[0] = _FAILED
-            if self._header is not self._header_host:
+            if not fold and self._header is not self._header_host:
                 self._header.copy_(self._header_host)
-            self._post(self._header, "step")
+            self._post(message, "step")
         else:
-            self._broadcast(self._header, "step")
+            self._broadcast(message, "step")
         if failure is not None:
             self._down = f"the leader's step {t} failed: {failure}"
             self._close_learner()
             raise failure
-        if not self.is_leader and self._header is not self._header_host:
+        if not fold and not self.is_leader and self._header is not self._header_host:
             self._header_host.copy_(self._header)
         n = int(h[0])
         if n == _FAILED:
@@ -378,10 +411,13 @@ class GroupLearner:
         # The sends awaiting their result, as the leader's OuterLoop keeps them (the header says which).
         self._sent_at = {f: int(v) for f, v in enumerate(h[3 + 2 * count:]) if v >= 0}
         self._eligible_from = min(self._sent_at.values()) + self._overlap if self._sent_at else _NEVER
-        numels = self.plan["fragment_numel"]
         for fragment, version in zip(ids, versions):
             size = numels[fragment]
-            if self.is_leader:
+            if fold:
+                if not self.is_leader:
+                    at = slots[fragment]
+                    self._follower.apply(fragment, version, folded[at:at + size])
+            elif self.is_leader:
                 values, host = self._leader_buffer(fragment, size)
                 self._learner._core.copy_applied(fragment, host.numpy())
                 if values is not host:

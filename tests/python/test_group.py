@@ -32,7 +32,7 @@ KILL_NOISE = 0.3
 LEARNER = dict(plaintext=True, fragments=2, sync_every=8, overlap=1, join_timeout=30)
 
 
-def start_group(endpoint, directory, tag, steps, alpha=0.0, max_seconds=90, noise=0.01):
+def start_group(endpoint, directory, tag, steps, alpha=0.0, max_seconds=90, noise=0.01, fold_floats=None):
     """The two ranks of group learner GROUP_ID as processes; results under directory/tag.*
     alpha: one value for both ranks, or a pair (one per rank)."""
     init = os.path.join(directory, tag + ".init")
@@ -44,7 +44,8 @@ def start_group(endpoint, directory, tag, steps, alpha=0.0, max_seconds=90, nois
         procs.append(subprocess.Popen(
             [sys.executable, os.path.join(HERE, "group_worker.py"), "--endpoint", endpoint, "--id", str(GROUP_ID),
              "--rank", str(rank), "--world", "2", "--init", init, "--out", out, "--steps", str(steps),
-             "--alpha", str(alphas[rank]), "--lr", str(LR), "--max-seconds", str(max_seconds), "--noise", str(noise)],
+             "--alpha", str(alphas[rank]), "--lr", str(LR), "--max-seconds", str(max_seconds), "--noise", str(noise)]
+            + ([] if fold_floats is None else ["--fold-floats", str(fold_floats)]),
             stdout=log, stderr=subprocess.STDOUT, cwd=HERE, env=WORKER_ENV))
         log.close()
     return procs, out
@@ -122,8 +123,10 @@ def global_model(s):
     return model
 
 
+@pytest.mark.parametrize("fold_floats", [None, 0], ids=["one-broadcast", "header-then-values"])
 def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_end_bit_identical(syncer_of,
-                                                                                                 tmp_path):
+                                                                                                 tmp_path,
+                                                                                                 fold_floats):
     start = time.monotonic()
     x_eval, y_eval = task(7)
     initial = mse(model_of(), x_eval, y_eval)
@@ -131,7 +134,8 @@ def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_
     # (two learners, the group's two ranks) merged by the syncer must do at least that well.
     bound = lone_sgd_loss(STEPS // 4, x_eval, y_eval)
     s = syncer_of(model_of(), heartbeat_timeout=60, **SYNCER)
-    procs, out = start_group(s.endpoint, str(tmp_path), "train", STEPS, alpha=0.25)
+    # fold_floats: a step's header and globals in one broadcast (the default at this size), or apart.
+    procs, out = start_group(s.endpoint, str(tmp_path), "train", STEPS, alpha=0.25, fold_floats=fold_floats)
     try:
         results, errors = {}, []
         threads = [threading.Thread(target=single_learner, args=(i, s.endpoint, STEPS, results, errors))
