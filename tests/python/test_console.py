@@ -212,3 +212,13 @@ def test_console_help():
         assert flag in r.stdout, flag
     r = run_console()
     assert r.returncode == 2 and "COMMAND" in r.stderr
+
+
+def test_console_port_in_use_exits_1():
+    sys.path.insert(0, HERE)
+    import console_model
+    with ddiloco.Syncer(console_model.build(), plaintext=True, fragments=2) as taken:
+        endpoint = taken.endpoint
+        r = run_console("syncer", "--model", MODEL, "--plaintext", *SCHEDULE, "--bind", endpoint)
+    assert r.returncode == 1 and "TransportError" in r.stderr and endpoint in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
