@@ -316,12 +316,13 @@ class GroupLearner:
             tokens = self._sum_tokens(tokens)
         elif not self.is_leader:
             self._unsent_tokens += tokens
+        if due is not None:
+            # Every rank takes a fragment due here as sent (a send the leader did not make is corrected by the
+            # next header); with tau = 0 its global may be applied at this very step.
+            self._believe_sent(due, t)
         if t < self._eligible_from:
             # Nothing can be applied at this step (every rank knows the sends that may be awaiting their global):
-            # the leader steps alone, and a fragment due here is taken as sent by every rank (a send the leader
-            # did not make is corrected by the next header); the others only count.
-            if due is not None:
-                self._believe_sent(due, t)
+            # the leader steps alone; the others only count.
             if not self.is_leader:
                 return self._nothing if due is None else self._sent_reports[due]
             report = self._learner.step(tokens)
@@ -447,8 +448,12 @@ class GroupLearner:
         return int(b.item())
 
     def _believe_sent(self, fragment: int, t: int) -> None:
-        self._sent_at[fragment] = t
-        self._eligible_from = min(self._eligible_from, t + self._overlap)
+        """A send of `fragment` at step t, as every rank assumes it. A fragment already awaiting its global
+        keeps its earlier step: if the new send fails, the earlier one's global may still be applied (and if
+        it succeeds, the group merely looks for it from the earlier step on)."""
+        if fragment not in self._sent_at:
+            self._sent_at[fragment] = t
+            self._eligible_from = min(self._eligible_from, t + self._overlap)
 
     def _post(self, tensor: torch.Tensor, what: str) -> None:
         """The leader's side of a broadcast, without waiting for the others to take it: the leader's step
