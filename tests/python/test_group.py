@@ -32,7 +32,8 @@ KILL_NOISE = 0.3
 LEARNER = dict(plaintext=True, fragments=2, sync_every=8, overlap=1, join_timeout=30)
 
 
-def start_group(endpoint, directory, tag, steps, alpha=0.0, max_seconds=90, noise=0.01, fold_floats=None):
+def start_group(endpoint, directory, tag, steps, alpha=0.0, max_seconds=90, noise=0.01, fold_floats=None,
+                extra=()):
     """The two ranks of group learner GROUP_ID as processes; results under directory/tag.*
     alpha: one value for both ranks, or a pair (one per rank)."""
     init = os.path.join(directory, tag + ".init")
@@ -45,7 +46,7 @@ def start_group(endpoint, directory, tag, steps, alpha=0.0, max_seconds=90, nois
             [sys.executable, os.path.join(HERE, "group_worker.py"), "--endpoint", endpoint, "--id", str(GROUP_ID),
              "--rank", str(rank), "--world", "2", "--init", init, "--out", out, "--steps", str(steps),
              "--alpha", str(alphas[rank]), "--lr", str(LR), "--max-seconds", str(max_seconds), "--noise", str(noise)]
-            + ([] if fold_floats is None else ["--fold-floats", str(fold_floats)]),
+            + ([] if fold_floats is None else ["--fold-floats", str(fold_floats)]) + list(extra),
             stdout=log, stderr=subprocess.STDOUT, cwd=HERE, env=WORKER_ENV))
         log.close()
     return procs, out
@@ -178,6 +179,24 @@ def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_
     print(f"group training test: {time.monotonic() - start:.1f} s; loss {initial:.3g} -> {final:.3g} "
           f"(bound {bound:.3g}); {follower['applies']} applies followed; the ranks communicated at "
           f"{follower['synced_steps']} of {STEPS} steps")
+
+
+def test_a_lock_step_group_with_tau_0_applies_each_global_at_its_send_step_on_both_ranks(syncer_of, tmp_path):
+    """tau = 0, lock-step: a fragment's global is applied at the step that sent it, so a due step is one that
+    may apply and must communicate; the ranks stay bit-identical and communicate exactly once per send."""
+    s = syncer_of(model_of(), heartbeat_timeout=60, **dict(SYNCER, overlap=0))
+    procs, out = start_group(s.endpoint, str(tmp_path), "tau0", 80, alpha=0.25, extra=["--overlap", "0", "--lock-step"])
+    try:
+        for rank, p in enumerate(procs):
+            assert p.wait(WAIT_S) == 0, log_of(str(tmp_path), "tau0", rank)
+    finally:
+        kill_all(procs)
+    ranks = [read_json(f"{out}.{r}.json") for r in range(2)]
+    leader, follower = ranks[0]["status"], ranks[1]["status"]
+    assert ranks[0]["params"] == ranks[1]["params"]
+    # 80 steps, a fragment due every H / P = 4: 20 sends, each applied at its own step (lock-step waits).
+    assert leader["sends"] == 20 and follower["applies"] == 20 == leader["applies"] - 2, (leader, follower)
+    assert follower["synced_steps"] == 20 == leader["synced_steps"], (leader, follower)
 
 
 def test_a_killed_rank_takes_the_group_learner_down_the_rest_runs_on_and_the_restarted_group_rejoins(
