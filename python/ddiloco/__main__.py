@@ -58,6 +58,16 @@ def _number(low: float, high: Optional[float] = None, low_open: bool = False):
     return parse
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Names a flag's default when it has one worth naming (not None, not False, not already said)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False) or "(default" in text or action.default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
 def syncer_parser(sub=None) -> argparse.ArgumentParser:
     description = (
         "The Decoupled DiLoCo syncer, served from Python: learners (ddiloco.Learner, ddiloco.GroupLearner or "
@@ -76,7 +86,7 @@ def syncer_parser(sub=None) -> argparse.ArgumentParser:
              "--allow FILE) [--bind ENDPOINT] [--fragments P] [--sync-every H] [--overlap TAU] [--checkpoint-dir DIR] "
              "[options]")
     kw = dict(description=description, epilog=epilog, usage=usage,
-              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+              formatter_class=_Formatter)
     p = sub.add_parser("syncer", help="serve a run (the ddiloco_syncer program's flags)", **kw) if sub else \
         argparse.ArgumentParser(prog=f"{PROG} syncer", **kw)
     m = p.add_argument_group("the model (one of --model or --tensors)")
