@@ -4,13 +4,13 @@
     PYTHONPATH=build/python /usr/bin/python3 bench/python_group_step.py
 
 Starts an in-process Syncer and two ranks (this script with --rank, a file:// rendezvous on the CPU).
-nothing due: P = 24 fragments of 24 tensors of 1024 floats, H = 24 * 2^16 (no send, no apply): the
-median per call over 15 batches, with token_count "sum" (one all-reduce of one integer, then the step
-header's broadcast) and "leader" (the broadcast only); next to them, a bare gloo broadcast of the same
-header, the floor of any step that must tell every rank what it applied.
+nothing due: P = 24 fragments of 24 tensors of 1024 floats, H = 24 * 2^16 (no send, no apply, no
+collective): the median per call over 15 batches, with token_count "sum" and "leader"; next to them, a
+bare gloo broadcast of the step header, the floor of a step at which a global may be applied (a
+follower waits for it; the leader posts it and goes on).
 due: one fragment of `--due-floats` floats (P = 1, H = 2, tau = 1): every other step sends it and the
-steps between apply the global when it has arrived (on every rank: the leader broadcasts it); the median
-per pair of steps.
+steps between apply the global when it has arrived (on every rank: the leader broadcasts it, after the
+header when it is over 2^18 floats, in the same broadcast otherwise); the median per pair of steps.
 """
 import argparse
 import hashlib
@@ -50,7 +50,7 @@ def rank_main(a):
                                   fragments=24, sync_every=24 << 16, token_count=count) as g:
             out[f"nothing_{count}"] = per_call(lambda: g.step(1), a.calls)
             assert g.status()["applies"] == (24 if g.is_leader else 0)  # the join's only
-    header = torch.zeros(3 + 2 * 24, dtype=torch.int64)
+    header = torch.zeros(3 + 3 * 24, dtype=torch.int64)  # the step header of P = 24 (group.py)
     out["broadcast"] = per_call(lambda: dist.broadcast(header, src=0), a.calls)
     params = [("w", torch.zeros(a.due_floats))]
     with ddiloco.GroupLearner(params, endpoint=a.due_endpoint, id=3, plaintext=True, fragments=1, sync_every=2,
@@ -97,7 +97,7 @@ def main():
             med, best = x[k]
             what = {"nothing_sum": "step() nothing due, token_count='sum'",
                     "nothing_leader": "step() nothing due, token_count='leader'",
-                    "broadcast": "a bare gloo broadcast of the 51-integer step header"}[k]
+                    "broadcast": "a bare gloo broadcast of the 75-integer step header"}[k]
             print(f"  {what}: median {med / 1000:.1f} us, best batch {best / 1000:.1f} us")
         med, best = x["due"]
         print(f"  two steps, one sending a {a.due_floats}-float fragment, the other applying the global on every "

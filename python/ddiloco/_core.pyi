@@ -3,7 +3,7 @@
 Every class here is wrapped by the pure-Python package: ddiloco.Learner over
 LearnerCore, ddiloco.Syncer over SyncerCore, ddiloco.sim over the sim submodule.
 """
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -143,13 +143,28 @@ class SyncerOptions:
     keys: str
     allow: str
     workers: int
+    sync_every: int
+    checkpoint_dir: str
     def __init__(self) -> None: ...
 
 class SyncerCore:
     """Syncer + SyncerRuntime + ZmqSyncerTransport in this process. See ddiloco.Syncer."""
     def __init__(self, options: SyncerOptions, names: Sequence[str], numels: Sequence[int],
-                 embedding: Sequence[bool], init: np.ndarray) -> None:
-        """Builds the plan, binds the socket; `init` is the flat float32 initial state in model order."""
+                 embedding: Sequence[bool], init: np.ndarray, shapes: Sequence[Sequence[int]] = ...) -> None:
+        """Builds the plan, binds the socket; `init` is the flat float32 initial state in model order; `shapes`
+        (optional) the tensors' shapes for the checkpoints. With options.checkpoint_dir it resumes from the
+        newest valid checkpoint there (a new epoch, written back at once)."""
+    def checkpoint(self) -> str:
+        """Writes the whole state into checkpoint_dir (atomically, a new serial); returns the path."""
+    @property
+    def resumed_from(self) -> str:
+        """The checkpoint resumed from, or ''."""
+    @property
+    def skipped_checkpoints(self) -> List[str]:
+        """Damaged checkpoints passed over ('path: reason')."""
+    @property
+    def checkpoint_serial(self) -> int:
+        """The serial of the last checkpoint written or resumed from."""
     def start(self) -> None:
         """Starts serving on background threads (releases the GIL)."""
     def stop(self) -> None:
@@ -166,6 +181,9 @@ class SyncerCore:
     @property
     def fingerprint(self) -> int:
         """The plan fingerprint."""
+
+def read_tensor_list(path: str) -> List[Tuple[str, int, bool]]:
+    """A tensor list file (`name numel [embedding]` per line): [(name, numel, embedding)]."""
 
 class sim:
     """The simulator's models (sim/goodput.hpp, sim/bandwidth.hpp); see ddiloco.sim."""

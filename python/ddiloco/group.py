@@ -4,14 +4,16 @@ The ranks hold replicated parameters (data parallel inside the learner, e.g.
 DDP, whose all-reduced gradients keep them equal). One rank, the leader, holds
 the learner (ddiloco.Learner: the OuterLoop and the connection to the syncer);
 the others hold a ddiloco._core.FollowerCore (the same plan, no connection).
-Every rank calls step() after every inner step. At a step that may send or
-apply (a fragment due, or a send awaiting its global from send + tau on: every
-rank knows these from the schedule and the previous headers) the leader steps
-its learner and broadcasts over the group what that step sent and which
-globals it applied, then their values, and every other rank applies them with
-the leader's arithmetic (the C++ FragmentApplier) in the same step: the ranks
-stay bit-identical. At the other steps the leader steps alone and the others
-only count. No maths here: only the collectives and the bookkeeping.
+Every rank calls step() after every inner step. At a step that may apply (a
+send awaiting its global, from send + tau on: every rank knows these from the
+schedule, which sends at each due step, and from the previous header, which
+says which sends the leader really made) the leader steps its learner and
+broadcasts over the group which globals it applied and which sends still
+await theirs, then the values, and every other rank applies them with the
+leader's arithmetic (the C++ FragmentApplier) in the same step: the ranks stay
+bit-identical. The leader posts its broadcasts and does not wait for the
+others. At the other steps (a due step included) the leader steps alone and
+the others only count. No maths here: only the collectives and the bookkeeping.
 """
 from __future__ import annotations
 
@@ -28,9 +30,14 @@ from .learner import Learner, StepReport, _copy_in, _copy_out
 
 _WHO = "ddiloco.GroupLearner"
 _TOKEN_COUNTS = ("sum", "leader")
-# The header the leader broadcasts at each step: [count applied (-1: the leader failed), sent (-1: none),
-# waited, fragment ids (P slots), versions (P slots)].
+# The header the leader broadcasts at each step that may apply: [count applied (-1: the leader failed), sent
+# (-1: none), waited, fragment ids (P slots), versions (P slots), the step of each fragment's send awaiting
+# its global (P slots, -1: none)].
 _FAILED = -1
+# A step's header and the globals it may apply travel in one broadcast when these hold at most this many
+# floats together (1 MiB): the slots of globals not applied are sent too, which costs less than a second
+# collective at this size.
+_FOLD_FLOATS = 1 << 18
 _NEVER = float("inf")
 
 
@@ -118,8 +125,13 @@ class GroupLearner:
         self._synced_steps = 0   # how many steps communicated
         self._own_tokens = 0     # the tokens this rank passed to step()
         self._unsent_tokens = 0  # token_count="sum", not the leader: tokens not yet counted by the leader
-        self._sent_at = {}       # fragment -> step of its send awaiting the result (the leader's OuterLoop's)
+        self._sent_at = {}       # fragment -> step of its send that may await its result (as every rank knows it)
         self._eligible_from = _NEVER  # the first step at which one of those may be applied
+        self._pending = {}       # the leader: fragment -> step of its send awaiting the result (its OuterLoop's)
+        self._posted = []        # the leader: its broadcasts in flight
+        self._fold = None        # the buffer of a step's header and values in one broadcast (CPU groups)
+        self._fold_floats = _FOLD_FLOATS
+        self._tokens_step = 0    # token_count="sum": the last step at which the group's tokens were summed
 
         names, tensors, modules = named_parameters(model, _WHO)
         self.names = names
@@ -185,7 +197,7 @@ class GroupLearner:
         count = len(numels)
         self._count = count
         # The step header and its host side (the same tensor on the CPU), written and read through numpy.
-        self._header_host = torch.zeros(3 + 2 * count, dtype=torch.int64)
+        self._header_host = torch.zeros(3 + 3 * count, dtype=torch.int64)
         self._header = self._header_host if self._device.type == "cpu" else self._header_host.to(self._device)
         self._header_np = self._header_host.numpy()
         self._leader_nothing = None
@@ -195,6 +207,7 @@ class GroupLearner:
         self._host = self._values if self._device.type == "cpu" else torch.empty(max(numels), dtype=torch.float32)
         self._host_np = self._host.numpy()
         self._nothing = StepReport()
+        self._sent_reports = [StepReport(sent=p) for p in range(count)]  # the others' reports at a due step
         self._overlap = int(overlap)
         self._due_at = self._learner._core.due_at if self.is_leader else self._follower.due_at
         self._joined = False
@@ -235,6 +248,8 @@ class GroupLearner:
         """Collective: the leader fetches the global state from the syncer (at most ``join_timeout``
         seconds, releasing the GIL), then broadcasts it to every rank, which writes it into its parameters."""
         self._check_up("join")
+        if self.is_leader:
+            self._finish_posted()
         count = len(self.plan["fragment_numel"])
         header = torch.zeros(2 + count, dtype=torch.int64, device=self._device)
         failure: Optional[BaseException] = None
@@ -271,8 +286,10 @@ class GroupLearner:
                 self._follower.set_versions(h[2:])
         self._step = self._synced_step = h[1]  # the leader's step count (its schedule's clock)
         self._sent_at = {}
+        self._pending = {}
         self._eligible_from = _NEVER
         self._unsent_tokens = 0
+        self._tokens_step = h[1]
         self._joined = True
         return self
 
@@ -280,8 +297,10 @@ class GroupLearner:
         """Collective: call on every rank once after every inner ``optimizer.step()``. The leader steps its
         learner (sends the due fragment, applies arrived globals); every rank applies the same globals at this
         step. Returns the same StepReport on every rank. The ranks communicate only at the steps that may
-        send or apply (the due steps, and from send + tau until the global is applied); the others cost no
-        collective."""
+        apply (from a send + tau until its global is applied: one broadcast of a header, then one per applied
+        global), and with token_count="sum" at the steps a fragment is due (one all-reduce of the tokens);
+        the others cost no collective. The leader does not wait for the others: it posts its broadcasts and
+        returns."""
         if self._down is not None or not self._joined:
             self._check_up("step")
             raise _error(_core.StateError, "step() called before join(); call join() on every rank first")
@@ -292,50 +311,93 @@ class GroupLearner:
         self._step += 1
         t = self._step
         self._own_tokens += tokens
-        if t < self._eligible_from and self._due_at(t) is None:
-            # Nothing can be sent or applied at this step (the schedule and the sends every rank knows of):
-            # the leader steps alone; the others keep their tokens for the next step that communicates.
+        due = self._due_at(t)
+        if due is not None and self._token_count == "sum":
+            # A step that may send: the contribution carries the group's tokens up to this step.
+            tokens = self._sum_tokens(tokens)
+        elif not self.is_leader:
+            self._unsent_tokens += tokens
+        if due is not None:
+            # Every rank takes a fragment due here as sent (a send the leader did not make is corrected by the
+            # next header); with tau = 0 its global may be applied at this very step.
+            self._believe_sent(due, t)
+        if t < self._eligible_from:
+            # Nothing can be applied at this step (every rank knows the sends that may be awaiting their global):
+            # the leader steps alone; the others only count.
             if not self.is_leader:
-                self._unsent_tokens += tokens
-                return self._nothing
+                return self._nothing if due is None else self._sent_reports[due]
             report = self._learner.step(tokens)
             if report is not self._leader_nothing:
-                if report.sent is not None or report.applied or report.waited:
+                if report.applied or report.waited or (report.sent is not None and report.sent != due):
                     self._down = f"the leader's step {t} did what the group did not expect ({report})"
                     self._close_learner()
                     raise _error(_core.StateError, f"rank {self.rank}: {self._down}; this is a bug in ddiloco: "
                                  "please report it with the learner's keywords")
-                self._leader_nothing = report  # LearnerCore returns one shared object for such steps
+                if report.sent is None:
+                    self._leader_nothing = report  # LearnerCore returns one shared object for such steps
+                else:
+                    self._pending[report.sent] = t
             return report
-        if self._token_count == "sum":
-            b = self._tokens_buffer
-            b.fill_(tokens if self.is_leader else self._unsent_tokens + tokens)
-            self._collective(lambda: dist.all_reduce(b, group=self.group), "step")
-            tokens = int(b.item())
-            self._unsent_tokens = 0
-        h = self._header_np  # host view of the header
         count = self._count
+        numels = self.plan["fragment_numel"]
+        # One broadcast for the header and the values when the globals that may be applied here are small
+        # (the fragments whose send + tau has come, each in its own slot; slots of globals not applied carry
+        # nothing): a step then makes one collective, not 1 + applied. Larger ones go after the header.
+        slots, total = {}, 0
+        if self._device.type == "cpu":
+            for f in sorted(f for f, at in self._sent_at.items() if at + self._overlap <= t):
+                slots[f] = total
+                total += numels[f]
+        fold = bool(slots) and total <= self._fold_floats
+        if fold:
+            header_bytes = 8 * (3 + 3 * count)
+            need = header_bytes + 4 * total
+            if self._fold is None or self._fold.numel() < need:
+                self._fold = torch.empty(need, dtype=torch.uint8)
+            message = self._fold[:need]
+            h = message[:header_bytes].view(torch.int64).numpy()
+            folded = message[header_bytes:].view(torch.float32).numpy()
+        else:
+            message, h = self._header, self._header_np  # the header; h: its host view
         failure: Optional[BaseException] = None
         report = None
         if self.is_leader:
+            self._finish_posted()  # the header and value buffers are free again
             try:
                 report = self._learner.step(tokens)
                 applied = report.applied
                 n = len(applied)
+                if fold:
+                    for fragment in applied:
+                        if fragment not in slots:
+                            raise _error(_core.StateError, f"rank {self.rank}: the leader's step {t} applied fragment "
+                                         f"{fragment}, whose send + tau the group had not reached ({report}); this "
+                                         "is a bug in ddiloco: please report it with the learner's keywords")
+                        at = slots[fragment]
+                        self._learner._core.copy_applied(fragment, folded[at:at + numels[fragment]])
+                if report.sent is not None:
+                    self._pending[report.sent] = t
+                for fragment in applied:
+                    self._pending.pop(fragment, None)
                 h[0], h[1], h[2] = n, -1 if report.sent is None else report.sent, int(report.waited)
                 h[3:3 + n] = applied
                 h[3 + count:3 + count + n] = report.versions
+                h[3 + 2 * count:] = -1
+                for fragment, sent_at in self._pending.items():
+                    h[3 + 2 * count + fragment] = sent_at
             except BaseException as e:
                 failure = e
                 h[0] = _FAILED
-            if self._header is not self._header_host:
+            if not fold and self._header is not self._header_host:
                 self._header.copy_(self._header_host)
-        self._broadcast(self._header, "step")
+            self._post(message, "step")
+        else:
+            self._broadcast(message, "step")
         if failure is not None:
             self._down = f"the leader's step {t} failed: {failure}"
             self._close_learner()
             raise failure
-        if not self.is_leader and self._header is not self._header_host:
+        if not fold and not self.is_leader and self._header is not self._header_host:
             self._header_host.copy_(self._header)
         n = int(h[0])
         if n == _FAILED:
@@ -348,22 +410,24 @@ class GroupLearner:
         sent = int(h[1])
         ids = [int(x) for x in h[3:3 + n]]
         versions = [int(x) for x in h[3 + count:3 + count + n]]
-        # The sends awaiting their result, as the leader's OuterLoop keeps them: a send at t, applies remove.
-        if sent >= 0:
-            self._sent_at[sent] = t
-        for fragment in ids:
-            self._sent_at.pop(fragment, None)
+        # The sends awaiting their result, as the leader's OuterLoop keeps them (the header says which).
+        self._sent_at = {f: int(v) for f, v in enumerate(h[3 + 2 * count:]) if v >= 0}
         self._eligible_from = min(self._sent_at.values()) + self._overlap if self._sent_at else _NEVER
-        numels = self.plan["fragment_numel"]
         for fragment, version in zip(ids, versions):
             size = numels[fragment]
-            values = self._values[:size]
-            if self.is_leader:
-                self._learner._core.copy_applied(fragment, self._host_np[:size])
-                if self._values is not self._host:
-                    values.copy_(self._host[:size])
-            self._broadcast(values, "step")
-            if not self.is_leader:
+            if fold:
+                if not self.is_leader:
+                    at = slots[fragment]
+                    self._follower.apply(fragment, version, folded[at:at + size])
+            elif self.is_leader:
+                values, host = self._leader_buffer(fragment, size)
+                self._learner._core.copy_applied(fragment, host.numpy())
+                if values is not host:
+                    values.copy_(host)
+                self._post(values, "step")
+            else:
+                values = self._values[:size]
+                self._broadcast(values, "step")
                 if self._values is not self._host:
                     self._host[:size].copy_(values)
                 self._follower.apply(fragment, version, self._host_np[:size])
@@ -373,13 +437,61 @@ class GroupLearner:
             return self._nothing
         return StepReport(sent=None if sent < 0 else sent, applied=ids, versions=versions, waited=bool(h[2]))
 
+    # ---- the leader's broadcasts, posted without waiting ----------------------------------
+
+    def _sum_tokens(self, tokens: int) -> int:
+        """token_count="sum", at a step that may send: the group's tokens since the last such step."""
+        b = self._tokens_buffer
+        b.fill_(tokens if self.is_leader else self._unsent_tokens + tokens)
+        self._collective(lambda: dist.all_reduce(b, group=self.group), "step")
+        self._unsent_tokens = 0
+        self._tokens_step = self._step
+        return int(b.item())
+
+    def _believe_sent(self, fragment: int, t: int) -> None:
+        """A send of `fragment` at step t, as every rank assumes it. A fragment already awaiting its global
+        keeps its earlier step: if the new send fails, the earlier one's global may still be applied (and if
+        it succeeds, the group merely looks for it from the earlier step on)."""
+        if fragment not in self._sent_at:
+            self._sent_at[fragment] = t
+            self._eligible_from = min(self._eligible_from, t + self._overlap)
+
+    def _post(self, tensor: torch.Tensor, what: str) -> None:
+        """The leader's side of a broadcast, without waiting for the others to take it: the leader's step
+        does not wait for the other ranks. The buffer is not written again before the broadcast is done."""
+        work = self._collective(lambda: dist.broadcast(tensor, src=self._src, group=self.group, async_op=True), what)
+        self._posted.append(work)
+
+    def _finish_posted(self) -> None:
+        """Waits for the leader's posted broadcasts (the others took them at the step they were posted:
+        done by now, unless a rank died, which this reports)."""
+        posted, self._posted = self._posted, []
+        for work in posted:
+            self._collective(work.wait, f"a broadcast of step {self._synced_step}")
+
+    def _leader_buffer(self, fragment: int, size: int):
+        """(values, host) buffers of an applied fragment's broadcast: the shared one for the first fragment of a
+        step, a fresh one for each further fragment of the same step (its broadcast may still be in flight)."""
+        if not self._posted or len(self._posted) == 1:  # only the header is in flight
+            return self._values[:size], self._host[:size]
+        host = torch.empty(size, dtype=torch.float32)
+        return (host if self._values is self._host else torch.empty(size, dtype=torch.float32, device=self._device),
+                host)
+
     def leave(self) -> None:
         """The leader tells the syncer the group's learner is going away (best effort); a no-op elsewhere."""
         if self._learner is not None:
             self._learner.leave()
 
     def close(self) -> None:
-        """The leader leaves if joined and closes the connection; a no-op elsewhere. Not a collective."""
+        """The leader leaves if joined and closes the connection; a no-op elsewhere. Not a collective, but
+        the leader first waits until its last broadcasts have been handed to the group (a rank that died
+        is ignored here), so that the others can finish the step they are in even if it exits at once."""
+        if self.is_leader and self._posted and self._down is None:
+            try:
+                self._finish_posted()
+            except Exception:  # the group is down: nothing more to hand over
+                pass
         self._close_learner()
         self._joined = False
 
@@ -397,7 +509,8 @@ class GroupLearner:
         ranks' counted up to synced_step). Every rank: role ('leader' or 'follower'), rank, leader, group_size,
         group_step (inner steps), synced_step (the last step at which the ranks communicated), synced_steps
         (how many did), own_tokens (the
-        tokens this rank passed to step()) and down (None, or why the group's learner went down); the others
+        tokens this rank passed to step()), tokens_step (token_count="sum": the last step at which the group's
+        tokens were summed, the last step a fragment was due) and down (None, or why the group's learner went down); the others
         also step, applies and base_versions (as the leader's)."""
         if self.is_leader:
             d = dict(self._closed_status) if self._closed_status is not None else self._learner.status()
@@ -406,7 +519,7 @@ class GroupLearner:
             d["step"] = self._step
         d.update(role="leader" if self.is_leader else "follower", rank=self.rank, leader=self.leader,
                  group_size=self.group_size, group_step=self._step, synced_step=self._synced_step,
-                 synced_steps=self._synced_steps,
+                 synced_steps=self._synced_steps, tokens_step=self._tokens_step,
                  own_tokens=self._own_tokens, down=self._down)
         return d
 

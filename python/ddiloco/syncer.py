@@ -6,6 +6,7 @@ a model (its names, sizes and initial values) into its arguments.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import numpy as np
@@ -16,6 +17,14 @@ from ._params import (EmbeddingRule, NamedParameters, default_fragments, embeddi
                       reject_unknown)
 
 
+class _TensorList:
+    """A model given as names, sizes and embedding flags only (a tensor list file)."""
+
+    def __init__(self, names, numels, embedding):
+        self.names, self.numels, self.embedding = list(names), [int(n) for n in numels], [bool(e) for e in embedding]
+        self.shapes = [[n] for n in self.numels]
+
+
 class Syncer:
     """The syncer of a run: binds ``bind`` (port ``*``: a free one; see ``endpoint``),
     merges contributions (``merge``: 'rda' or 'average'; outer optimizer
@@ -24,7 +33,10 @@ class Syncer:
     ``model``: the same module or (name, parameter) pairs the learners pass (the
     plan must match); its current values are the initial global state unless
     ``init`` (a flat float32 array in model order) is given. Starts at once
-    unless ``start=False``. See docs/python.md for every keyword.
+    unless ``start=False``. ``sync_every``: H, so that a learner joining with
+    another H or tau is refused (``None``: not checked). ``checkpoint_dir``:
+    resume from the newest valid checkpoint there (of the same plan) and allow
+    ``checkpoint()``. See docs/python.md for every keyword.
     """
 
     def __init__(self, model: NamedParameters, *, bind: str = "tcp://127.0.0.1:*", plaintext: bool = False,
@@ -33,10 +45,22 @@ class Syncer:
                  deadline: float = 60.0, max_staleness: int = 8, heartbeat_timeout: float = 10.0,
                  send_merged_to: str = "alive", merge: str = "rda", outer_optimizer: str = "nesterov",
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, global_codec: str = "fp32",
-                 workers: int = 2, embedding: EmbeddingRule = None, init=None, start: bool = True, **unknown):
+                 workers: int = 2, embedding: EmbeddingRule = None, init=None, sync_every: Optional[int] = None,
+                 checkpoint_dir: Optional[str] = None, start: bool = True, **unknown):
         reject_unknown("ddiloco.Syncer", Syncer.__init__, unknown)
-        names, tensors, modules = named_parameters(model, "ddiloco.Syncer")
-        flags = embedding_flags(names, tensors, modules, embedding, "ddiloco.Syncer")
+        if isinstance(model, _TensorList):
+            names, numels, flags, shapes = model.names, model.numels, model.embedding, model.shapes
+            if init is None:
+                raise ValueError("ddiloco.Syncer: a tensor list brings no values; pass init= (a flat float32 array "
+                                 "of the model's initial parameters, in list order)")
+        else:
+            names, tensors, modules = named_parameters(model, "ddiloco.Syncer")
+            flags = embedding_flags(names, tensors, modules, embedding, "ddiloco.Syncer")
+            numels = [int(t.numel()) for t in tensors]
+            shapes = [[int(d) for d in t.shape] for t in tensors]
+            if init is None:
+                with torch.no_grad():
+                    init = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors]).numpy()
         o = _core.SyncerOptions()
         fill("ddiloco.Syncer", o, {
             "bind": ("bind", bind), "plaintext": ("plaintext", plaintext), "keys": ("keys", keys or ""),
@@ -48,15 +72,26 @@ class Syncer:
             "send_merged_to": ("send_merged_to", send_merged_to), "merge": ("merge", merge),
             "outer_optimizer": ("outer_optimizer", outer_optimizer), "outer_lr": ("outer_lr", outer_lr),
             "outer_momentum": ("outer_momentum", outer_momentum), "global_codec": ("global_codec", global_codec),
-            "workers": ("workers", workers)})
-        numels = [int(t.numel()) for t in tensors]
-        if init is None:
-            with torch.no_grad():
-                init = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors]).numpy()
+            "workers": ("workers", workers), "sync_every": ("sync_every", 0 if sync_every is None else sync_every),
+            "checkpoint_dir": ("checkpoint_dir", os.fspath(checkpoint_dir) if checkpoint_dir is not None else "")})
         self.names = names
-        self._core = _core.SyncerCore(o, names, numels, flags, np.ascontiguousarray(init, dtype=np.float32))
+        self.numels = list(numels)
+        self._core = _core.SyncerCore(o, names, numels, flags, np.ascontiguousarray(init, dtype=np.float32), shapes)
         if start:
             self.start()
+
+    @classmethod
+    def from_tensor_list(cls, path: str, *, init, **keywords) -> "Syncer":
+        """A syncer of the model a tensor list file describes (``name numel [embedding]`` per line, model
+        order: what ``ddiloco_syncer --tensors`` reads, with the embedding flags it marks); ``init`` is the
+        flat float32 initial state in list order. The other keywords are the constructor's (``embedding``
+        does not apply: the list marks them)."""
+        if "embedding" in keywords:
+            raise TypeError("ddiloco.Syncer.from_tensor_list: the list marks the embeddings (a third column "
+                            "'embedding'); drop embedding=")
+        specs = _core.read_tensor_list(path)
+        return cls(_TensorList([s[0] for s in specs], [s[1] for s in specs], [s[2] for s in specs]), init=init,
+                   **keywords)
 
     @property
     def endpoint(self) -> str:
@@ -85,6 +120,21 @@ class Syncer:
         rejected (by reason), quorum_sizes, fragments (version, merges, ... per fragment),
         ZeroMQ counters (decode_errors, auth_denied, ...) and 'line' (one printable line)."""
         return self._core.status()
+
+    def checkpoint(self) -> str:
+        """Writes the whole state into ``checkpoint_dir`` (atomically, a new serial: the file format of
+        ``ddiloco_syncer``, which ``ddiloco_export`` reads); returns the file's path. Safe while serving."""
+        return self._core.checkpoint()
+
+    @property
+    def resumed_from(self) -> str:
+        """The checkpoint this syncer resumed from ('' when it started fresh)."""
+        return self._core.resumed_from
+
+    @property
+    def skipped_checkpoints(self) -> list:
+        """Damaged checkpoints passed over when resuming ('path: reason' each)."""
+        return list(self._core.skipped_checkpoints)
 
     def global_parameters(self) -> np.ndarray:
         """A copy of the global parameters, flat float32 in model order."""

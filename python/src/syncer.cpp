@@ -5,15 +5,23 @@
 // SyncerRuntime on its own threads over a ZmqSyncerTransport bound to an
 // endpoint (port * picks a free port; `endpoint` says which). start() and
 // stop() release the GIL; status() is a dict.
-// What it is not: a checkpointing server (use the ddiloco_syncer program for
-// long runs: checkpoints, signals, status files).
+// With a checkpoint directory (SyncerOptions::checkpoint_dir) it resumes from
+// the newest valid checkpoint there as the program does (a new epoch, written
+// back at once), and checkpoint() writes its whole state atomically; the
+// console syncer (python -m ddiloco syncer) calls it on an interval and on
+// SIGTERM/SIGINT. Signals, status files and metrics are the caller's.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <filesystem>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include <ddiloco/checkpoint.hpp>
 #include <ddiloco/codec.hpp>
 #include <ddiloco/fast/merge.hpp>
 #include <ddiloco/fragmenter.hpp>
@@ -21,6 +29,7 @@
 #include <ddiloco/outer_optimizer.hpp>
 #include <ddiloco/syncer.hpp>
 #include <ddiloco/syncer_runtime.hpp>
+#include <ddiloco/tensor_list.hpp>
 #include <ddiloco/transport/zmq.hpp>
 
 #include "common.hpp"
@@ -49,6 +58,8 @@ struct SyncerOptions {
   std::string keys;   ///< the syncer's key file (CURVE)
   std::string allow;  ///< allow-list file: `<learner-id> <public-key>` per line (CURVE)
   std::size_t workers = 2;
+  std::size_t sync_every = 0;  ///< H; a learner joining with another H or tau is refused (0: not checked)
+  std::string checkpoint_dir;  ///< resume from / checkpoint() into this directory (empty: no checkpoints)
 };
 
 class SyncerBase {
@@ -61,6 +72,8 @@ class SyncerBase {
   [[nodiscard]] virtual std::vector<float> global_parameters() const = 0;
   [[nodiscard]] virtual const std::string& endpoint() const = 0;
   [[nodiscard]] virtual const Plan& plan() const = 0;
+  [[nodiscard]] virtual SyncerSnapshot snapshot() const = 0;
+  virtual void restore(const SyncerSnapshot& s) = 0;
 };
 
 template <class Rule, class Opt>
@@ -77,6 +90,8 @@ class SyncerImpl final : public SyncerBase {
   [[nodiscard]] std::vector<float> global_parameters() const override { return syncer_.global_parameters(); }
   [[nodiscard]] const std::string& endpoint() const override { return link_.endpoint(); }
   [[nodiscard]] const Plan& plan() const override { return syncer_.plan(); }
+  [[nodiscard]] SyncerSnapshot snapshot() const override { return syncer_.snapshot(); }
+  void restore(const SyncerSnapshot& s) override { syncer_.restore(s); }
 
  private:
   SteadyClock clock_;
@@ -103,10 +118,14 @@ std::unique_ptr<SyncerBase> make_with_rule(const SyncerOptions& o, Plan plan, st
 class SyncerCore {
  public:
   SyncerCore(const SyncerOptions& o, const std::vector<std::string>& names, const std::vector<std::size_t>& numels,
-             const std::vector<bool>& embedding, py::array_t<float, py::array::c_style | py::array::forcecast> init) {
+             const std::vector<bool>& embedding, py::array_t<float, py::array::c_style | py::array::forcecast> init,
+             const std::vector<std::vector<std::uint64_t>>& shapes) {
     if (names.size() != numels.size() || names.size() != embedding.size())
       throw ShapeMismatch(detail::msg("ddiloco.Syncer: ", names.size(), " names, ", numels.size(), " sizes and ",
                                       embedding.size(), " embedding flags; pass one of each per parameter"));
+    if (!shapes.empty() && shapes.size() != names.size())
+      throw ShapeMismatch(detail::msg("ddiloco.Syncer: ", shapes.size(), " shapes for ", names.size(),
+                                      " parameters; pass one shape per parameter, or none"));
     std::vector<TensorSpec> specs;
     for (std::size_t i = 0; i < names.size(); ++i) specs.push_back({names[i], numels[i], static_cast<bool>(embedding[i])});
     Plan plan = make_plan(specs, o.fragments);
@@ -123,6 +142,7 @@ class SyncerCore {
     sc.quorum.deadline = seconds(o.deadline_s, "deadline");
     sc.max_staleness = o.max_staleness;
     sc.heartbeat_timeout = seconds(o.heartbeat_timeout_s, "heartbeat_timeout");
+    sc.sync_every = o.sync_every;
     if (o.send_merged_to == "alive") {
       sc.send_merged_to = MergeRecipients::alive;
     } else if (o.send_merged_to == "contributors") {
@@ -143,6 +163,25 @@ class SyncerCore {
     }
     SyncerRuntimeConfig rc;
     rc.workers = o.workers;
+    // Checkpoints (as ddiloco_syncer): the newest valid one is read before the
+    // state is allocated, and must be of this plan.
+    std::optional<LoadedCheckpoint> loaded;
+    if (!o.checkpoint_dir.empty()) {
+      ckdir_ = o.checkpoint_dir;
+      std::vector<std::vector<std::uint64_t>> dims = shapes;
+      if (dims.empty())
+        for (std::size_t n : numels) dims.push_back({n});
+      tensors_ = checkpoint_tensors(plan, dims);
+      std::error_code ec;
+      std::filesystem::create_directories(ckdir_, ec);
+      if (ec)
+        throw InvalidArgument("ddiloco.Syncer: checkpoint_dir = '" + o.checkpoint_dir +
+                              "' cannot be created (" + ec.message() + "); give a writable directory");
+      std::vector<CheckpointProblem> problems;
+      loaded = load_newest_valid(ckdir_, problems);
+      for (const auto& p : problems) skipped_.push_back(p.path.string() + ": " + p.reason);
+      if (loaded) check_checkpoint_plan(*loaded, plan, "the model given to ddiloco.Syncer");
+    }
     const std::span<const float> values(init.data(), static_cast<std::size_t>(init.size()));
     if (o.merge == "rda") {
       impl_ = make_with_rule<fast::RadialDirectional>(o, std::move(plan), values, sc, zc, rc);
@@ -152,7 +191,28 @@ class SyncerCore {
       throw InvalidArgument("ddiloco.Syncer: merge = '" + o.merge +
                             "' must be 'rda' (token-weighted RDA, embeddings averaged) or 'average'");
     }
+    if (loaded) {
+      // A crash may have lost merges learners already applied: a new version
+      // and sequence epoch, written back before anything is served.
+      advance_epoch(loaded->snapshot);
+      impl_->restore(loaded->snapshot);
+      serial_ = loaded->serial;
+      resumed_from_ = loaded->path.string();
+      checkpoint_unlocked();
+    }
   }
+
+  /// Writes the whole state into checkpoint_dir (atomically: a new serial); returns the file's path.
+  std::string checkpoint() {
+    open();
+    if (ckdir_.empty())
+      throw StateError("ddiloco.Syncer: checkpoint() needs a checkpoint directory; create the syncer with "
+                       "checkpoint_dir='DIR'");
+    return checkpoint_unlocked();
+  }
+  [[nodiscard]] const std::string& resumed_from() const { return resumed_from_; }
+  [[nodiscard]] const std::vector<std::string>& skipped_checkpoints() const { return skipped_; }
+  [[nodiscard]] std::uint64_t checkpoint_serial() const { return serial_; }
 
   void start() { open().start(); }
   void stop() {
@@ -222,12 +282,32 @@ class SyncerCore {
     if (!impl_) throw StateError("ddiloco.Syncer: the syncer is closed; create a new one");
     return *impl_;
   }
+  std::string checkpoint_unlocked() {
+    const std::lock_guard<std::mutex> lock(checkpoint_mutex_);  // one serial per file, from any thread
+    return write_checkpoint(ckdir_, impl_->snapshot(), ++serial_, {}, tensors_).string();
+  }
   std::unique_ptr<SyncerBase> impl_;
+  std::filesystem::path ckdir_;
+  std::vector<CheckpointTensor> tensors_;
+  std::uint64_t serial_ = 0;
+  std::mutex checkpoint_mutex_;
+  std::string resumed_from_;
+  std::vector<std::string> skipped_;
 };
 
 }  // namespace
 
 void bind_syncer(py::module_& m) {
+  m.def(
+      "read_tensor_list",
+      [](const std::string& path) {
+        std::vector<std::tuple<std::string, std::size_t, bool>> out;
+        for (const TensorSpec& t : read_tensor_list_file(path)) out.emplace_back(t.name, t.numel, t.embedding);
+        return out;
+      },
+      py::arg("path"),
+      "A tensor list file (`name numel [embedding]` per line, model order; ddiloco_syncer --tensors): "
+      "[(name, numel, embedding)]");
   py::class_<SyncerOptions>(m, "SyncerOptions", "Settings of a SyncerCore (see ddiloco.Syncer)")
       .def(py::init<>())
       .def_readwrite("bind", &SyncerOptions::bind)
@@ -248,17 +328,25 @@ void bind_syncer(py::module_& m) {
       .def_readwrite("plaintext", &SyncerOptions::plaintext)
       .def_readwrite("keys", &SyncerOptions::keys)
       .def_readwrite("allow", &SyncerOptions::allow)
-      .def_readwrite("workers", &SyncerOptions::workers);
+      .def_readwrite("workers", &SyncerOptions::workers)
+      .def_readwrite("sync_every", &SyncerOptions::sync_every)
+      .def_readwrite("checkpoint_dir", &SyncerOptions::checkpoint_dir);
 
   py::class_<SyncerCore>(m, "SyncerCore", "An in-process ZeroMQ syncer (see ddiloco.Syncer)")
       .def(py::init<const SyncerOptions&, const std::vector<std::string>&, const std::vector<std::size_t>&,
-                    const std::vector<bool>&, py::array_t<float, py::array::c_style | py::array::forcecast>>(),
-           py::arg("options"), py::arg("names"), py::arg("numels"), py::arg("embedding"), py::arg("init"))
+                    const std::vector<bool>&, py::array_t<float, py::array::c_style | py::array::forcecast>,
+                    const std::vector<std::vector<std::uint64_t>>&>(),
+           py::arg("options"), py::arg("names"), py::arg("numels"), py::arg("embedding"), py::arg("init"),
+           py::arg("shapes") = std::vector<std::vector<std::uint64_t>>{})
       .def("start", &SyncerCore::start, py::call_guard<py::gil_scoped_release>())
       .def("stop", &SyncerCore::stop, py::call_guard<py::gil_scoped_release>())
       .def("close", &SyncerCore::close)
       .def("status", &SyncerCore::status)
       .def("global_parameters", &SyncerCore::global_parameters)
+      .def("checkpoint", &SyncerCore::checkpoint, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("resumed_from", &SyncerCore::resumed_from)
+      .def_property_readonly("skipped_checkpoints", &SyncerCore::skipped_checkpoints)
+      .def_property_readonly("checkpoint_serial", &SyncerCore::checkpoint_serial)
       .def_property_readonly("endpoint", &SyncerCore::endpoint)
       .def_property_readonly("fingerprint", &SyncerCore::fingerprint);
 }

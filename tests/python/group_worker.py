@@ -43,6 +43,10 @@ def main():
     a.add_argument("--lr", type=float, default=0.02)
     a.add_argument("--noise", type=float, default=0.01, help="the task's noise (group_task.task)")
     a.add_argument("--timeout", type=float, default=20.0, help="the group's collective timeout, seconds")
+    a.add_argument("--overlap", type=int, default=1, help="tau (the syncer's must match)")
+    a.add_argument("--lock-step", action="store_true", help="wait at send + tau for the global")
+    a.add_argument("--fold-floats", type=int, default=None,
+                   help="the largest header + values broadcast in one (0: the header and each global apart)")
     args = a.parse_args()
     start = time.monotonic()
     dist.init_process_group("gloo", init_method="file://" + args.init, rank=args.rank, world_size=args.world,
@@ -56,7 +60,10 @@ def main():
     learner = None
     try:
         learner = ddiloco.GroupLearner(model, endpoint=args.endpoint, id=args.id, plaintext=True, fragments=2,
-                                       sync_every=8, overlap=1, alpha=args.alpha, join_timeout=15)
+                                       sync_every=8, overlap=args.overlap, lock_step=args.lock_step,
+                                       alpha=args.alpha, join_timeout=15)
+        if args.fold_floats is not None:
+            learner._fold_floats = args.fold_floats  # the test of both ways a step's broadcasts go
         with learner:
             if learner.is_leader:
                 write_json(args.out + ".progress.json", learner.status())

@@ -32,7 +32,8 @@ KILL_NOISE = 0.3
 LEARNER = dict(plaintext=True, fragments=2, sync_every=8, overlap=1, join_timeout=30)
 
 
-def start_group(endpoint, directory, tag, steps, alpha=0.0, max_seconds=90, noise=0.01):
+def start_group(endpoint, directory, tag, steps, alpha=0.0, max_seconds=90, noise=0.01, fold_floats=None,
+                extra=()):
     """The two ranks of group learner GROUP_ID as processes; results under directory/tag.*
     alpha: one value for both ranks, or a pair (one per rank)."""
     init = os.path.join(directory, tag + ".init")
@@ -44,7 +45,8 @@ def start_group(endpoint, directory, tag, steps, alpha=0.0, max_seconds=90, nois
         procs.append(subprocess.Popen(
             [sys.executable, os.path.join(HERE, "group_worker.py"), "--endpoint", endpoint, "--id", str(GROUP_ID),
              "--rank", str(rank), "--world", "2", "--init", init, "--out", out, "--steps", str(steps),
-             "--alpha", str(alphas[rank]), "--lr", str(LR), "--max-seconds", str(max_seconds), "--noise", str(noise)],
+             "--alpha", str(alphas[rank]), "--lr", str(LR), "--max-seconds", str(max_seconds), "--noise", str(noise)]
+            + ([] if fold_floats is None else ["--fold-floats", str(fold_floats)]) + list(extra),
             stdout=log, stderr=subprocess.STDOUT, cwd=HERE, env=WORKER_ENV))
         log.close()
     return procs, out
@@ -122,8 +124,10 @@ def global_model(s):
     return model
 
 
+@pytest.mark.parametrize("fold_floats", [None, 0], ids=["one-broadcast", "header-then-values"])
 def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_end_bit_identical(syncer_of,
-                                                                                                 tmp_path):
+                                                                                                 tmp_path,
+                                                                                                 fold_floats):
     start = time.monotonic()
     x_eval, y_eval = task(7)
     initial = mse(model_of(), x_eval, y_eval)
@@ -131,7 +135,8 @@ def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_
     # (two learners, the group's two ranks) merged by the syncer must do at least that well.
     bound = lone_sgd_loss(STEPS // 4, x_eval, y_eval)
     s = syncer_of(model_of(), heartbeat_timeout=60, **SYNCER)
-    procs, out = start_group(s.endpoint, str(tmp_path), "train", STEPS, alpha=0.25)
+    # fold_floats: a step's header and globals in one broadcast (the default at this size), or apart.
+    procs, out = start_group(s.endpoint, str(tmp_path), "train", STEPS, alpha=0.25, fold_floats=fold_floats)
     try:
         results, errors = {}, []
         threads = [threading.Thread(target=single_learner, args=(i, s.endpoint, STEPS, results, errors))
@@ -155,11 +160,16 @@ def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_
     assert follower["applies"] == leader["applies"] - 2 and follower["applies"] >= 20, (leader, follower)
     assert follower["base_versions"] == leader["base_versions"]
     # The leader's counters account for the group's tokens (token_count="sum"): its own BATCH per step, and
-    # the follower's up to the last step at which the ranks communicated (every send is such a step).
+    # the follower's up to the last step at which a fragment was due (every send is at one): H / P = 4 steps
+    # apart, so one of the last 4.
     assert leader["step"] == STEPS == follower["group_step"] and follower["own_tokens"] == BATCH * STEPS
     assert leader["synced_step"] == follower["synced_step"] and leader["synced_steps"] == follower["synced_steps"]
-    assert leader["tokens"] == BATCH * STEPS + BATCH * follower["synced_step"], (leader, follower)
+    assert leader["tokens_step"] == follower["tokens_step"] and STEPS - 4 < follower["tokens_step"] <= STEPS
+    assert leader["tokens"] == BATCH * STEPS + BATCH * follower["tokens_step"], (leader, follower)
+    # The ranks communicate only where a global may be applied: from a send + tau until it is (at least one
+    # step per send; the leader's sends after the join are a fragment every H / P = 4 steps).
     assert STEPS - 8 < follower["synced_step"] <= STEPS
+    assert leader["sends"] - 2 <= follower["synced_steps"] < STEPS, (leader, follower)
     st = s.status()
     others = st["rejected_total"] - st["rejected"]["stale"]  # stale: see test_training.py
     assert st["joins"] >= 3 and others == 0 and st["merges"] >= 20, st["line"]
@@ -169,6 +179,24 @@ def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_
     print(f"group training test: {time.monotonic() - start:.1f} s; loss {initial:.3g} -> {final:.3g} "
           f"(bound {bound:.3g}); {follower['applies']} applies followed; the ranks communicated at "
           f"{follower['synced_steps']} of {STEPS} steps")
+
+
+def test_a_lock_step_group_with_tau_0_applies_each_global_at_its_send_step_on_both_ranks(syncer_of, tmp_path):
+    """tau = 0, lock-step: a fragment's global is applied at the step that sent it, so a due step is one that
+    may apply and must communicate; the ranks stay bit-identical and communicate exactly once per send."""
+    s = syncer_of(model_of(), heartbeat_timeout=60, **dict(SYNCER, overlap=0))
+    procs, out = start_group(s.endpoint, str(tmp_path), "tau0", 80, alpha=0.25, extra=["--overlap", "0", "--lock-step"])
+    try:
+        for rank, p in enumerate(procs):
+            assert p.wait(WAIT_S) == 0, log_of(str(tmp_path), "tau0", rank)
+    finally:
+        kill_all(procs)
+    ranks = [read_json(f"{out}.{r}.json") for r in range(2)]
+    leader, follower = ranks[0]["status"], ranks[1]["status"]
+    assert ranks[0]["params"] == ranks[1]["params"]
+    # 80 steps, a fragment due every H / P = 4: 20 sends, each applied at its own step (lock-step waits).
+    assert leader["sends"] == 20 and follower["applies"] == 20 == leader["applies"] - 2, (leader, follower)
+    assert follower["synced_steps"] == 20 == leader["synced_steps"], (leader, follower)
 
 
 def test_a_killed_rank_takes_the_group_learner_down_the_rest_runs_on_and_the_restarted_group_rejoins(
