@@ -358,7 +358,7 @@ TEST_CASE("Learners as real threads train to the optimum in pull rounds with Nes
   // descheduled learner answers after the pull time-out, and a fragment's
   // next slot passes while its round waits): measured 20 to 69 merges on 2
   // loaded cores. Every fragment must keep merging.
-  for (const auto& f : r.syncer.fragments) CHECK(f.merges >= 4);
+  for (const auto& frag : r.syncer.fragments) CHECK(frag.merges >= 4);
   CHECK(distance_to_optimum(r.global) < 0.35);
   std::printf("threaded pull run: RMS distance %.3f, global step %llu, pull rounds %llu, pull time-outs %llu, %s\n",
               distance_to_optimum(r.global), static_cast<unsigned long long>(r.syncer.global_step),
