@@ -50,7 +50,7 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
         << "\nrejoin_requests=" << s.rejoin_requests << "\nrejoin_requests_limited=" << s.rejoin_requests_limited
         << "\nsequence_epoch=" << s.sequence_epoch << "\nclipped=" << s.contributions_clipped
         << "\nweights_capped=" << s.weights_capped << "\n";
-    // Pull rounds (--round pull): the global step and the rounds' counters (all 0 in push rounds).
+    // The round mode, the global step (kept in both modes) and the pull rounds' counters (0 in push rounds).
     out << "round=" << to_string(round) << "\nglobal_step=" << s.global_step << "\npull_rounds=" << s.pull_rounds
         << "\npulls_sent=" << s.pulls_sent << "\npull_timeouts=" << s.pull_timeouts
         << "\npull_rounds_empty=" << s.pull_rounds_empty << "\n";

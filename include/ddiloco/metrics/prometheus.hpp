@@ -224,8 +224,8 @@ class SyncerMetrics {
     alive_ = &gauge("learners_alive", "Learners heard from within the heartbeat time-out (counted by the quorum).");
     known_ = &gauge("learners_known", "Learner ids that ever joined this syncer (alive or not).");
     global_step_ = &gauge("global_step",
-                          "Pull rounds: the global step (the furthest any alive learner has trained, each learner's "
-                          "steps counted from the global step at its join); 0 in push rounds.");
+                          "The global step: the furthest any learner has trained, each learner's steps counted from "
+                          "the global step at its join (pull rounds open with it; kept in push rounds too).");
     if (options.round)
       gauge_family(r, "ddiloco_syncer_round_mode", "The syncer's round mode (label mode: push or pull), always 1.")
           .Add({{"mode", std::string(to_string(*options.round))}})
