@@ -80,8 +80,9 @@ def main():
         return rank_main(a)
     params = [(f"t{i}", torch.zeros(1024)) for i in range(24)]
     with tempfile.TemporaryDirectory() as d, \
-            ddiloco.Syncer(params, plaintext=True, fragments=24) as s, \
-            ddiloco.Syncer([("w", torch.zeros(a.due_floats))], plaintext=True, fragments=1, overlap=1) as due:
+            ddiloco.Syncer(params, plaintext=True, fragments=24, round="push", sync_every=0) as s, \
+            ddiloco.Syncer([("w", torch.zeros(a.due_floats))], plaintext=True, fragments=1, overlap=1, round="push",
+                           sync_every=2) as due:
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank", str(r), "--endpoint",
                                    s.endpoint, "--due-endpoint", due.endpoint, "--init", os.path.join(d, "init"),
                                    "--out", os.path.join(d, "r"), "--due-floats", str(a.due_floats),

@@ -54,9 +54,9 @@ def per_call(fn, calls, batches=15, cpu=None):
 
 def nothing_due(cpu=None):
     params = [(f"t{i}", torch.zeros(1024)) for i in range(24)]
-    with ddiloco.Syncer(params, plaintext=True, fragments=24) as s:
+    with ddiloco.Syncer(params, plaintext=True, fragments=24, round="push", sync_every=0) as s:  # push rounds
         with ddiloco.Learner(params, endpoint=s.endpoint, id=1, plaintext=True, fragments=24,
-                             sync_every=24 << 16) as ln:
+                             sync_every=24 << 16, round="push") as ln:
             med, best = per_call(lambda: ln.step(1), 4000, cpu=cpu)
             assert ln.status()["sends"] == 0
     return med, best
@@ -102,9 +102,9 @@ def binding_call(ln):
 
 def due(n, cpu=None):
     params = [("w", torch.zeros(n))]
-    with ddiloco.Syncer(params, plaintext=True, fragments=1, overlap=1) as s:
+    with ddiloco.Syncer(params, plaintext=True, fragments=1, overlap=1, round="push", sync_every=2) as s:
         with ddiloco.Learner(params, endpoint=s.endpoint, id=1, plaintext=True, fragments=1, sync_every=2,
-                             overlap=1) as ln:
+                             overlap=1, round="push") as ln:
             def pair():
                 ln.step(1)
                 ln.step(1)

@@ -28,6 +28,7 @@
 
 #include "cli.hpp"
 #include "metrics.hpp"
+#include "round_flag.hpp"
 
 using namespace ddiloco;
 namespace ref = ddiloco::reference;
@@ -101,6 +102,7 @@ int main(int argc, char** argv) try {
   f.add("fragments", "5", "P (must match the syncer)");
   f.add("sync-every", "24", "H: inner steps between two syncs of a fragment");
   f.add("overlap", "2", "tau: steps between a send and the application of its result");
+  cli::add_round_flag(f, "this learner");
   f.add("codec", "fp32", "codec of the outer gradients sent: fp32, bf16, fp16, int8, int4");
   f.add("error-feedback", "false", "carry the quantisation residual into the next send", true);
   f.add("keys", "", "this learner's key file (from ddiloco_keygen)");
@@ -160,6 +162,7 @@ int main(int argc, char** argv) try {
   oc.id = zc.id;
   oc.sync_every = f.count("sync-every");
   oc.overlap = f.count("overlap");
+  oc.round = cli::round_from_flags(f);  // must match the syncer's --round: a join with the other is refused
   // Declared at join: the syncer rejects a contribution claiming more than
   // steps x this many tokens (and refuses the join above --max-tokens-per-step).
   oc.tokens_per_step = trainer.tokens_per_step();
@@ -174,8 +177,9 @@ int main(int argc, char** argv) try {
   cli::LearnerMetricsFlag metrics(f, zc.id);  // serving from now on (steps 0 while joining)
   metrics.update(outer.status(), link.counters());
   auto& params = trainer.params();
-  std::printf("learner %u: joining %s (plan %016llx, %zu parameters)\n", zc.id, zc.connect.c_str(),
-              static_cast<unsigned long long>(plan.fingerprint()), trainer.model().parameter_count());
+  std::printf("learner %u: joining %s (plan %016llx, %zu parameters, %s rounds)\n", zc.id, zc.connect.c_str(),
+              static_cast<unsigned long long>(plan.fingerprint()), trainer.model().parameter_count(),
+              std::string(to_string(oc.round)).c_str());
   std::fflush(stdout);
   const auto join_start = std::chrono::steady_clock::now();
   outer.join(params);
@@ -234,11 +238,12 @@ int main(int argc, char** argv) try {
       const double val = ref::evaluate(scorer, params, corpus.validation, examples);
       const double val_global = ref::evaluate(scorer, global, corpus.validation, examples);
       std::printf("learner %u: step %zu train %.4f val %.4f val-global %.4f tokens/s %.0f sends %llu applies %llu "
-                  "failed-sends %llu rejoins %llu\n",
+                  "failed-sends %llu rejoins %llu round %s pulls %llu metadata %llu\n",
                   zc.id, s, loss_sum / static_cast<double>(every), val, val_global,
                   static_cast<double>(trainer.tokens()) / secs, static_cast<unsigned long long>(st.sends),
                   static_cast<unsigned long long>(st.applies), static_cast<unsigned long long>(st.send_failures),
-                  static_cast<unsigned long long>(st.rejoins));
+                  static_cast<unsigned long long>(st.rejoins), std::string(to_string(oc.round)).c_str(),
+                  static_cast<unsigned long long>(st.pulls), static_cast<unsigned long long>(st.metadata_sent));
       std::fflush(stdout);
       loss_sum = 0;
     }

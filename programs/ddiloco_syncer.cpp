@@ -25,6 +25,7 @@
 #include "cli.hpp"
 #include "model_flags.hpp"
 #include "metrics.hpp"
+#include "round_flag.hpp"
 
 using namespace ddiloco;
 namespace fs = std::filesystem;
@@ -35,7 +36,7 @@ std::atomic<int> g_signal{0};
 extern "C" void on_signal(int sig) { g_signal.store(sig); }
 
 void write_status_file(const std::string& path, const SyncerStatus& s, const ZmqCounters& z,
-                       const std::string& tallies) {
+                       const std::string& tallies, RoundMode round) {
   if (path.empty()) return;
   const std::string tmp = path + ".tmp";
   {
@@ -49,6 +50,10 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
         << "\nrejoin_requests=" << s.rejoin_requests << "\nrejoin_requests_limited=" << s.rejoin_requests_limited
         << "\nsequence_epoch=" << s.sequence_epoch << "\nclipped=" << s.contributions_clipped
         << "\nweights_capped=" << s.weights_capped << "\n";
+    // The round mode, the global step (kept in both modes) and the pull rounds' counters (0 in push rounds).
+    out << "round=" << to_string(round) << "\nglobal_step=" << s.global_step << "\npull_rounds=" << s.pull_rounds
+        << "\npulls_sent=" << s.pulls_sent << "\npull_timeouts=" << s.pull_timeouts
+        << "\npull_rounds_empty=" << s.pull_rounds_empty << "\n";
     for (std::size_t i = 0; i < kRejectReasons; ++i)
       out << "rejected_" << to_string(static_cast<RejectReason>(i)) << "=" << s.rejected[i] << "\n";
     out << "decode_errors=" << z.decode_errors << "\nauth_denied=" << z.auth_denied
@@ -101,6 +106,15 @@ std::string tally_lines(const S& syncer) {
   return out;
 }
 
+/// The status line's round part: " round push", or in pull rounds the global
+/// step and the rounds' counters.
+std::string round_line(RoundMode round, const SyncerStatus& s) {
+  if (round != RoundMode::pull) return " round push";
+  return " round pull global-step " + std::to_string(s.global_step) + " pull-rounds " + std::to_string(s.pull_rounds) +
+         " pulls-sent " + std::to_string(s.pulls_sent) + " pull-timeouts " + std::to_string(s.pull_timeouts) +
+         " pull-rounds-empty " + std::to_string(s.pull_rounds_empty);
+}
+
 MergeRecipients parse_recipients(const std::string& s) {
   if (s == "alive") return MergeRecipients::alive;
   if (s == "contributors") return MergeRecipients::contributors;
@@ -123,6 +137,8 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   sc.heartbeat_timeout = std::chrono::milliseconds(f.integer("heartbeat-timeout-ms"));
   sc.send_merged_to = parse_recipients(f.str("send-merged-to"));
   sc.sync_every = f.count("sync-every");  // a learner with another H or tau is refused, with both named
+  sc.round = cli::round_from_flags(f);     // a learner with the other mode is refused, with both named
+  sc.pull_timeout = std::chrono::milliseconds(f.count("pull-timeout-ms"));
   // Admission (docs/algorithm.md, "Validation and staleness"): bounded claims,
   // the robust norm reference, clipping and the weight cap.
   sc.max_tokens_per_step = f.count("max-tokens-per-step");
@@ -203,9 +219,10 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   }
   ZmqSyncerTransport link(zc, clock);
   std::printf("syncer: serving %zu tensors in %zu fragments (fingerprint %016llx) on %s, K = %zu, merged "
-              "fragments to %s\n",
+              "fragments to %s, %s rounds (H = %zu, tau = %zu)\n",
               plan.num_tensors(), plan.num_fragments(), static_cast<unsigned long long>(plan.fingerprint()),
-              link.endpoint().c_str(), sc.quorum.min_quorum, std::string(to_string(sc.send_merged_to)).c_str());
+              link.endpoint().c_str(), sc.quorum.min_quorum, std::string(to_string(sc.send_merged_to)).c_str(),
+              std::string(to_string(sc.round)).c_str(), sc.sync_every, sc.quorum.overlap);
   if (!f.str("endpoint-file").empty()) {
     std::ofstream(f.str("endpoint-file") + ".tmp") << link.endpoint() << "\n";
     fs::rename(f.str("endpoint-file") + ".tmp", f.str("endpoint-file"));
@@ -220,17 +237,18 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   rc.on_status = [&](const SyncerStatus& s) {
     const auto z = link.counters();
     std::printf("status: %s decode-errors %llu auth-denied %llu handshake-failures %llu send-dropped %llu "
-                "rejoin-requests %llu\n",
+                "rejoin-requests %llu%s\n",
                 s.line().c_str(), static_cast<unsigned long long>(z.decode_errors),
                 static_cast<unsigned long long>(z.auth_denied), static_cast<unsigned long long>(z.handshake_failures),
-                static_cast<unsigned long long>(z.send_dropped), static_cast<unsigned long long>(s.rejoin_requests));
+                static_cast<unsigned long long>(z.send_dropped), static_cast<unsigned long long>(s.rejoin_requests),
+                round_line(sc.round, s).c_str());
     std::fflush(stdout);
-    write_status_file(f.str("status-file"), s, z, tally_lines(syncer));
+    write_status_file(f.str("status-file"), s, z, tally_lines(syncer), sc.round);
   };
   SyncerRuntime runtime(syncer, link, rc);
   // After the syncer, the transport and the runtime: it stops serving first.
   // Its counters start from the restored totals (they count this process).
-  cli::SyncerMetricsFlag metrics(f, sc.quorum.min_quorum, !ckdir.empty());
+  cli::SyncerMetricsFlag metrics(f, sc.quorum.min_quorum, !ckdir.empty(), sc.round);
   metrics.baseline(syncer.status());
   runtime.start();
   metrics.serve(syncer, link);
@@ -285,8 +303,13 @@ int main(int argc, char** argv) try {
   f.add("fragments", "5", "P: number of fragments (whole tensors each; <= number of tensors)");
   f.add("sync-every", "24",
         "H: inner steps between two syncs of a fragment (learners must use the same H and --overlap: a join "
-        "with another schedule is refused, naming both)");
+        "with another schedule is refused, naming both; 0: not checked, push rounds only)");
   f.add("overlap", "2", "tau: steps between a send and the application of its result");
+  cli::add_round_flag(f, "every learner");
+  f.add("pull-timeout-ms", "0",
+        "pull rounds: the longest a round waits for the answers to its pulls before merging those in (later "
+        "answers go to the fragment's next round); 0: 2 (tau + 1) x the measured inner-step time, at most "
+        "--deadline-ms");
   f.add("quorum", "1", "K: minimum distinct contributions before a merge");
   f.add("grace-gamma", "0.3", "gamma: safety factor of the adaptive grace window (0 disables the window)");
   f.add("grace-cap-ms", "1000", "cap of the grace window, milliseconds (about one inner step)");

@@ -77,13 +77,14 @@ inline std::unique_ptr<MetricsServer> serve_metrics(const Flags& f, const std::s
 /// syncer and its transport: it must stop serving before they go.
 class SyncerMetricsFlag {
  public:
-  SyncerMetricsFlag(const Flags& f, [[maybe_unused]] std::size_t min_quorum, [[maybe_unused]] bool checkpoints)
+  SyncerMetricsFlag(const Flags& f, [[maybe_unused]] std::size_t min_quorum, [[maybe_unused]] bool checkpoints,
+                    [[maybe_unused]] RoundMode round = RoundMode::push)
       : flags_(&f) {
     check_metrics_flags(f, "ddiloco_syncer");
 #if DDILOCO_WITH_PROMETHEUS
     if (!f.str("metrics").empty())
       metrics_ = std::make_unique<SyncerMetrics>(
-          *registry_, SyncerMetricsOptions{.min_quorum = min_quorum, .checkpoints = checkpoints});
+          *registry_, SyncerMetricsOptions{.min_quorum = min_quorum, .checkpoints = checkpoints, .round = round});
 #endif
   }
 

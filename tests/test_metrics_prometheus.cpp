@@ -314,3 +314,92 @@ TEST_CASE("The memory-bound series follow the syncer's join limits and the trans
   CHECK(sample(t, "ddiloco_syncer_incoming_queued_bytes") == 88);
   CHECK(sample(t, "ddiloco_syncer_peers") == 2);
 }
+
+TEST_CASE("Pull rounds: the syncer exports its round mode, global step and pull counters, the learner its pulls "
+          "and metadata",
+          "[metrics][pull]") {
+  VirtualClock clock;
+  const Plan plan = two_fragments();
+  InProcessNetwork net(clock);
+  InProcessSyncerTransport link(net.syncer());
+  SyncerConfig c;
+  c.quorum.grace = false;
+  c.round = RoundMode::pull;
+  c.sync_every = 2;
+  c.quorum.overlap = 1;
+  Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, c);
+  auto lt = net.learner(4);
+  OuterLoopConfig oc;
+  oc.id = 4;
+  oc.sync_every = 2;
+  oc.overlap = 1;
+  oc.round = RoundMode::pull;
+  OuterLoop<InProcessLearnerTransport, std::vector<float>> outer(plan, lt, oc);
+  std::vector<std::vector<float>> params{std::vector<float>(4, 0.0f), std::vector<float>(2, 0.0f)};
+  auto pump = [&] {
+    Outbox out;
+    while (auto m = link.try_receive()) s.handle(*m, out);
+    if (auto wake = s.next_wakeup(); wake && *wake <= clock.now()) s.tick(out);
+    for (auto& o : out) link.send_to(o.to, std::move(o.message));
+  };
+  outer.begin_join(params);
+  for (int i = 0; i < 8 && !outer.poll_join(params); ++i) pump();
+  REQUIRE(outer.joined());
+  prometheus::Registry syncer_registry, learner_registry;
+  SyncerMetrics syncer_metrics(syncer_registry, SyncerMetricsOptions{.min_quorum = 1, .round = RoundMode::pull});
+  LearnerMetrics learner_metrics(learner_registry, 4);
+  for (int step = 0; step < 12; ++step) {
+    clock.advance(10ms);
+    for (auto& t : params)
+      for (float& x : t) x -= 0.01f;
+    outer.step(params, 50);
+    pump();
+    learner_metrics.update(outer.status());
+  }
+  syncer_metrics.update(s.status());
+  const auto st = s.status();
+  const auto& lst = outer.status();
+  INFO(st.line() << " global step " << st.global_step << " pull rounds " << st.pull_rounds << " pulls sent "
+                 << st.pulls_sent);
+  // One learner, one metadata message a step: the global step is its step counter.
+  REQUIRE(st.global_step == 12);
+  REQUIRE(st.pull_rounds >= 4);
+  REQUIRE(st.merges >= 3);
+  const std::string t = text(syncer_registry);
+  CHECK(sample(t, "ddiloco_syncer_round_mode{mode=\"pull\"}") == 1);
+  CHECK(std::isnan(sample(t, "ddiloco_syncer_round_mode{mode=\"push\"}")));
+  CHECK(sample(t, "ddiloco_syncer_global_step") == 12);
+  CHECK(sample(t, "ddiloco_syncer_pull_rounds_total") == static_cast<double>(st.pull_rounds));
+  CHECK(sample(t, "ddiloco_syncer_pulls_sent_total") == static_cast<double>(st.pulls_sent));
+  CHECK(sample(t, "ddiloco_syncer_pull_timeouts_total") == static_cast<double>(st.pull_timeouts));
+  CHECK(sample(t, "ddiloco_syncer_pull_rounds_empty_total") == static_cast<double>(st.pull_rounds_empty));
+  CHECK(sample(t, "ddiloco_syncer_merges_total") == static_cast<double>(st.merges));
+  const std::string lt_text = text(learner_registry);
+  CHECK(sample(lt_text, "ddiloco_learner_metadata_sent_total{learner=\"4\"}") == 12);
+  CHECK(sample(lt_text, "ddiloco_learner_pulls_total{learner=\"4\"}") == static_cast<double>(lst.pulls));
+  // Every pull reached the learner (an in-process network loses nothing) but the last pump's, which the
+  // learner reads at its next step.
+  CHECK(lst.pulls <= st.pulls_sent);
+  CHECK(lst.pulls + 1 >= st.pulls_sent);
+  CHECK(lst.pulls >= 3);
+}
+
+TEST_CASE("Push rounds export the pull series at 0 and the round mode push", "[metrics][pull]") {
+  VirtualClock clock;
+  const Plan plan = two_fragments();
+  Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, SyncerConfig{});
+  prometheus::Registry registry;
+  SyncerMetrics metrics(registry, SyncerMetricsOptions{.round = RoundMode::push});
+  Outbox out;
+  s.handle(join(plan, 1), out);
+  s.handle(contribution(plan, 1, 0, (std::uint64_t{1} << 32) + 1), out);
+  metrics.update(s.status());
+  const std::string t = text(registry);
+  CHECK(sample(t, "ddiloco_syncer_round_mode{mode=\"push\"}") == 1);
+  // Push rounds keep the global step too: the contribution's step counter (10), counted from the join's 0.
+  CHECK(s.status().global_step == 10);
+  CHECK(sample(t, "ddiloco_syncer_global_step") == 10);
+  CHECK(sample(t, "ddiloco_syncer_pull_rounds_total") == 0);
+  CHECK(sample(t, "ddiloco_syncer_pulls_sent_total") == 0);
+  CHECK(sample(t, "ddiloco_syncer_merges_total") == 1);
+}

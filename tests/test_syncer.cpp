@@ -1382,3 +1382,46 @@ TEST_CASE("Finite values near the float limit are not counted non_finite, decode
     CHECK(st.contributions_accepted == 2);
   }
 }
+
+TEST_CASE("Pull rounds: a round whose every pulled learner answered with a refused contribution closes at once, "
+          "not at its pull time-out",
+          "[syncer][pull]") {
+  Rig r;
+  r.config.quorum.grace = false;
+  r.config.round = RoundMode::pull;
+  r.config.sync_every = 2;
+  r.config.quorum.overlap = 1;
+  r.config.pull_timeout = 10s;
+  Syncer<> s(r.plan, r.init, r.clock, r.config);
+  r.join(s, 1);
+  r.clock.advance(1ms);
+  // Metadata until the first pull: the global step reaches a fragment's slot.
+  std::optional<Message> pull;
+  for (std::uint64_t step = 1; step <= 4 && !pull; ++step) {
+    r.out.clear();
+    Message meta;
+    meta.type = MessageType::metadata;
+    meta.fingerprint = r.plan.fingerprint();
+    meta.learner = 1;
+    meta.step = step;
+    meta.tokens = static_cast<std::int64_t>(step * 10);
+    r.clock.advance(1ms);
+    s.handle(meta, r.out);
+    for (const auto& o : r.out)
+      if (o.message.type == MessageType::pull) pull = o.message;
+  }
+  REQUIRE(pull);
+  REQUIRE(s.status().pull_rounds == 1);
+  // The answer claims a version the syncer never published: refused (future_version).
+  r.steps_so_far[1] = 2;
+  Message answer = r.contribution(1, pull->fragment, 0.5f, Rig::seq0() + 1, /*version=*/99, /*steps=*/2, 20);
+  r.out.clear();
+  r.clock.advance(1ms);
+  s.handle(answer, r.out);
+  const auto st = s.status();
+  CHECK(st.rejected[static_cast<std::size_t>(RejectReason::future_version)] == 1);
+  // Every pulled learner has answered: the round is over now (nothing to merge), 9.99 s before its time-out.
+  CHECK(st.pull_rounds_empty == 1);
+  CHECK(st.pull_timeouts == 0);
+  CHECK(st.merges == 0);
+}

@@ -225,7 +225,7 @@ def worker(config_path: str, process: int) -> int:
         t = time.perf_counter()
         kw = dict(endpoint=cfg["endpoint"], id=learner_id, plaintext=True, fragments=cfg["fragments"],
                   sync_every=cfg["sync_every"], overlap=cfg["overlap"], embedding=list(gpt.Gpt.EMBEDDING),
-                  join_timeout=120.0)
+                  join_timeout=120.0, round=run_round(cfg["group_ranks"]))
         if ranks > 1:
             learner = make_group_learner(ddiloco, model, group, rank, kw)
         else:
@@ -311,6 +311,12 @@ def worker(config_path: str, process: int) -> int:
     os._exit(0)
 
 
+def run_round(group_ranks: int) -> str:
+    """The run's round mode: pull (the paper's round), or push when a learner is a group (a group
+    learner runs push rounds only); the syncer and every learner use it."""
+    return "push" if group_ranks > 1 else "pull"
+
+
 def make_group_learner(ddiloco, model, group, rank, kw):
     """The learner of an R-rank group: ddiloco's group API (rank 0 talks to the syncer and broadcasts
     the fragments it applies; every rank applies them at the same inner step)."""
@@ -336,7 +342,8 @@ def write_model(args, model, directory: str, embedding) -> tuple:
 
 def syncer_command(path: str, args, tensors: str, init: str, bind: str, out: str) -> list:
     return [path, "--bind", bind, "--tensors", tensors, "--init", init, "--fragments", str(args.fragments),
-            "--sync-every", str(args.sync_every), "--overlap", str(args.overlap), "--outer-lr", str(args.outer_lr),
+            "--sync-every", str(args.sync_every), "--overlap", str(args.overlap), "--round",
+            run_round(args.group_ranks), "--outer-lr", str(args.outer_lr),
             "--outer-momentum", str(args.outer_momentum), "--plaintext", "--endpoint-file",
             os.path.join(out, "endpoint.txt"), "--checkpoint-dir", os.path.join(out, "checkpoints"),
             "--checkpoint-every-ms", "600000", "--status-every-ms", "10000",

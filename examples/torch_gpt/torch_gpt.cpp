@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "round_flag.hpp"
 
 bool torch_gpt_sgemm_is_onednn();  // onednn_sgemm.cpp
 
@@ -339,7 +340,8 @@ void export_for_syncer(const Options& o, const std::string& dir) {
 
 #ifdef DDILOCO_TORCH_GPT_ZMQ
 /// --connect EP: one learner process over ZeroMQ (unencrypted: for a trusted local network).
-int run_zmq_learner(const Options& o, const std::string& endpoint, ddiloco::LearnerId id, std::size_t shards) {
+int run_zmq_learner(const Options& o, const std::string& endpoint, ddiloco::LearnerId id, std::size_t shards,
+                    ddiloco::RoundMode round) {
   const auto corpus = torch_gpt::ref::load_fortunes();
   torch_gpt::Learner learner(o.trainer, corpus.train, Shard{id % shards, shards}, o.seed + id);
   const ddiloco::Plan plan = ddiloco::make_plan(learner.model()->tensor_specs(), o.fragments);
@@ -353,6 +355,7 @@ int run_zmq_learner(const Options& o, const std::string& endpoint, ddiloco::Lear
   oc.id = id;
   oc.sync_every = o.sync_every;
   oc.overlap = 2;
+  oc.round = round;  // the syncer's --round (ddiloco_syncer defaults to pull)
   ddiloco::OuterLoop<ddiloco::ZmqLearnerTransport, torch::Tensor> outer(plan, link, oc);
   // Fixed validation batches (the comparison's): the loss of this learner's parameters, which
   // are the global ones right after join.
@@ -489,6 +492,7 @@ int main(int argc, char** argv) try {
   f.add("connect", "", "run ONE learner over ZeroMQ against ddiloco_syncer at this endpoint");
   f.add("id", "0", "--connect: this learner's id (its data shard is id mod --shards)");
   f.add("shards", "4", "--connect: number of data shards");
+  ddiloco::cli::add_round_flag(f, "--connect: this learner");
   f.add("profile", "0", "time N inner steps of one learner by phase, and one validation sample, then exit");
   if (!f.parse(argc, argv)) return 0;
 
@@ -526,7 +530,8 @@ int main(int argc, char** argv) try {
   }
   if (!f.str("connect").empty()) {
 #ifdef DDILOCO_TORCH_GPT_ZMQ
-    return run_zmq_learner(o, f.str("connect"), static_cast<ddiloco::LearnerId>(f.integer("id")), f.count("shards"));
+    return run_zmq_learner(o, f.str("connect"), static_cast<ddiloco::LearnerId>(f.integer("id")), f.count("shards"),
+                           ddiloco::cli::parse_round(f.str("round")));
 #else
     throw ddiloco::InvalidArgument("--connect: this build has no ZeroMQ (install libzmq3-dev and reconfigure)");
 #endif

@@ -2061,7 +2061,10 @@ class Syncer {
         if (batch[j].weight > 0.0) accepted.push_back(&batch[j]);
       }
       accumulate(f, accepted);
-      if (any) decide_and_merge(p, f, batch.size() == 1 ? batch[0].now : clock_->now(), out);
+      // Pull rounds: a refused answer (stale, say) is an answer too; once every
+      // pulled learner has answered the round closes now, not at its time-out.
+      const bool pulling = pull_schedule_ && f.phase == FragmentState::Phase::pulling;
+      if (any || pulling) decide_and_merge(p, f, batch.size() == 1 ? batch[0].now : clock_->now(), out);
     }
   }
 

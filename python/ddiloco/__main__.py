@@ -122,6 +122,11 @@ def syncer_parser(sub=None) -> argparse.ArgumentParser:
                         "ddiloco.Learner's; ddiloco_syncer's is 5)")
     a.add_argument("--sync-every", metavar="H", type=_count(1), default=24,
                    help="H: inner steps between two syncs of a fragment (a join with another H or tau is refused)")
+    a.add_argument("--round", choices=("pull", "push"), default="pull",
+                   help="pull: the paper's round, the syncer pulls each fragment at its slot (default); push: "
+                        "learners send at their own slots (learners must use the same --round)")
+    a.add_argument("--pull-timeout-ms", metavar="MS", type=_count(0), default=0,
+                   help="pull rounds: longest wait for a round's answers, milliseconds (0: 2 (tau + 1) measured steps)")
     a.add_argument("--overlap", metavar="TAU", type=_count(0), default=2, help="tau: steps from a send to the application of its "
                                                                  "result (< --sync-every)")
     a.add_argument("--quorum", metavar="K", type=_count(1), default=1, help="K: minimum distinct contributions before a merge")
@@ -203,7 +208,8 @@ def build_syncer(args, ddiloco):
                   max_staleness=args.max_staleness, heartbeat_timeout=args.heartbeat_timeout_ms / 1e3,
                   send_merged_to=args.send_merged_to, merge=args.merge, outer_optimizer=args.outer_optimizer,
                   outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, global_codec=args.global_codec,
-                  workers=args.workers, sync_every=args.sync_every, checkpoint_dir=args.checkpoint_dir, start=False)
+                  workers=args.workers, sync_every=args.sync_every, round=args.round,
+                  pull_timeout=args.pull_timeout_ms / 1e3, checkpoint_dir=args.checkpoint_dir, start=False)
     if args.model:
         try:
             kwargs = json.loads(args.model_kwargs)

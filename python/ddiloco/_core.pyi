@@ -46,6 +46,7 @@ class LearnerOptions:
     keys: str
     server_key: str
     staging: str
+    round: str
     def __init__(self) -> None: ...
 
 class StepReport:
@@ -127,6 +128,9 @@ class SyncerOptions:
     bind: str
     fragments: int
     overlap: int
+    sync_every: int
+    round: str
+    pull_timeout_s: float
     quorum: int
     grace_gamma: float
     grace_cap_s: float

@@ -103,6 +103,11 @@ class GroupLearner:
         if token_count not in _TOKEN_COUNTS:
             raise _error(_core.InvalidArgument, f"token_count = {token_count!r} must be 'sum' (each rank passes its "
                          "own tokens; the group's sum is accounted) or 'leader' (the leader passes the group's)")
+        # The group's ranks communicate at the steps its schedule may send or apply at (push rounds):
+        # in pull rounds any step may answer a pull or apply a global, which this does not follow yet.
+        if learner_keywords.setdefault("round", "push") != "push":
+            raise _error(_core.InvalidArgument, f"round = {learner_keywords['round']!r}: a group learner runs push "
+                         "rounds only; pass round='push' and run the syncer with round='push' (--round push)")
         self.group = group
         self.group_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)

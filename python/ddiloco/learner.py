@@ -37,7 +37,10 @@ class Learner:
     through staged host copies of the due fragment only). The plan (which
     tensors travel together, ``fragments`` of them) is built from the names and
     sizes in model order, exactly as ``ddiloco.Syncer`` builds it from the same
-    model. See docs/python.md for every keyword.
+    model. ``round``: 'pull' (the paper's round, the default: a metadata message
+    after every step, and the fragment the syncer pulls at the next step) or
+    'push' (each fragment at its own slots); the syncer's must match. See
+    docs/python.md for every keyword.
     """
 
     def __init__(self, model: NamedParameters, *, endpoint: str, id: int, plaintext: bool = False,
@@ -45,7 +48,7 @@ class Learner:
                  sync_every: int = 24, overlap: int = 2, alpha: float = 0.0, lock_step: bool = False,
                  codec: str = "fp32", error_feedback: bool = False, embedding: EmbeddingRule = None,
                  join_timeout: float = 30.0, join_retry: float = 1.0, heartbeat: float = 1.0,
-                 lock_step_timeout: float = 60.0, staging: str = "auto", **unknown):
+                 lock_step_timeout: float = 60.0, staging: str = "auto", round: str = "pull", **unknown):
         reject_unknown("ddiloco.Learner", Learner.__init__, unknown)
         names, tensors, modules = named_parameters(model, "ddiloco.Learner")
         flags = embedding_flags(names, tensors, modules, embedding, "ddiloco.Learner")
@@ -58,7 +61,8 @@ class Learner:
             "lock_step": ("lock_step", lock_step), "codec": ("codec", codec),
             "error_feedback": ("error_feedback", error_feedback), "join_timeout": ("join_timeout_s", join_timeout),
             "join_retry": ("join_retry_s", join_retry), "heartbeat": ("heartbeat_s", heartbeat),
-            "lock_step_timeout": ("lock_step_timeout_s", lock_step_timeout), "staging": ("staging", staging)})
+            "lock_step_timeout": ("lock_step_timeout_s", lock_step_timeout), "staging": ("staging", staging),
+            "round": ("round", round)})
         self.names = names
         self.parameters = tensors
         self._core = _core.LearnerCore(o, names, tensors, flags, torch.float32, _copy_out, _copy_in)

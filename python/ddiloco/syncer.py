@@ -33,19 +33,24 @@ class Syncer:
     ``model``: the same module or (name, parameter) pairs the learners pass (the
     plan must match); its current values are the initial global state unless
     ``init`` (a flat float32 array in model order) is given. Starts at once
-    unless ``start=False``. ``sync_every``: H, so that a learner joining with
-    another H or tau is refused (``None``: not checked). ``checkpoint_dir``:
-    resume from the newest valid checkpoint there (of the same plan) and allow
+    unless ``start=False``. ``round``: 'pull' (the paper's round, the default:
+    the syncer keeps the global step from the learners' metadata and pulls each
+    fragment once per ``sync_every`` global steps) or 'push'; ``sync_every`` is
+    the learners' H (a join with another H or ``overlap`` is refused; 0: not
+    checked, push only); ``pull_timeout``: seconds a pull round waits for its
+    answers (0: derived from the step time). ``checkpoint_dir``: resume from the
+    newest valid checkpoint there (of the same plan) and allow
     ``checkpoint()``. See docs/python.md for every keyword.
     """
 
     def __init__(self, model: NamedParameters, *, bind: str = "tcp://127.0.0.1:*", plaintext: bool = False,
                  keys: Optional[str] = None, allow: Optional[str] = None, fragments: Optional[int] = None,
-                 overlap: int = 2, quorum: int = 1, grace_gamma: float = 0.3, grace_cap: float = 1.0,
+                 overlap: int = 2, sync_every: int = 24, round: str = "pull", pull_timeout: float = 0.0,
+                 quorum: int = 1, grace_gamma: float = 0.3, grace_cap: float = 1.0,
                  deadline: float = 60.0, max_staleness: int = 8, heartbeat_timeout: float = 10.0,
                  send_merged_to: str = "alive", merge: str = "rda", outer_optimizer: str = "nesterov",
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, global_codec: str = "fp32",
-                 workers: int = 2, embedding: EmbeddingRule = None, init=None, sync_every: Optional[int] = None,
+                 workers: int = 2, embedding: EmbeddingRule = None, init=None,
                  checkpoint_dir: Optional[str] = None, start: bool = True, **unknown):
         reject_unknown("ddiloco.Syncer", Syncer.__init__, unknown)
         if isinstance(model, _TensorList):
@@ -65,14 +70,15 @@ class Syncer:
         fill("ddiloco.Syncer", o, {
             "bind": ("bind", bind), "plaintext": ("plaintext", plaintext), "keys": ("keys", keys or ""),
             "allow": ("allow", allow or ""), "fragments": ("fragments", default_fragments(fragments, len(names))),
-            "overlap": ("overlap", overlap), "quorum": ("quorum", quorum), "grace_gamma": ("grace_gamma", grace_gamma),
+            "overlap": ("overlap", overlap), "sync_every": ("sync_every", sync_every), "round": ("round", round),
+            "pull_timeout": ("pull_timeout_s", pull_timeout), "quorum": ("quorum", quorum), "grace_gamma": ("grace_gamma", grace_gamma),
             "grace_cap": ("grace_cap_s", grace_cap), "deadline": ("deadline_s", deadline),
             "max_staleness": ("max_staleness", max_staleness),
             "heartbeat_timeout": ("heartbeat_timeout_s", heartbeat_timeout),
             "send_merged_to": ("send_merged_to", send_merged_to), "merge": ("merge", merge),
             "outer_optimizer": ("outer_optimizer", outer_optimizer), "outer_lr": ("outer_lr", outer_lr),
             "outer_momentum": ("outer_momentum", outer_momentum), "global_codec": ("global_codec", global_codec),
-            "workers": ("workers", workers), "sync_every": ("sync_every", 0 if sync_every is None else sync_every),
+            "workers": ("workers", workers),
             "checkpoint_dir": ("checkpoint_dir", os.fspath(checkpoint_dir) if checkpoint_dir is not None else "")})
         self.names = names
         self.numels = list(numels)
@@ -117,6 +123,7 @@ class Syncer:
 
     def status(self) -> dict:
         """learners_alive/known, joins, leaves, deaths, merges, contributions_accepted,
+        round ('push' or 'pull'), global_step, pull_rounds, pulls_sent, pull_timeouts, pull_rounds_empty,
         rejected (by reason), quorum_sizes, fragments (version, merges, ... per fragment),
         ZeroMQ counters (decode_errors, auth_denied, ...) and 'line' (one printable line)."""
         return self._core.status()

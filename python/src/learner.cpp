@@ -107,7 +107,19 @@ struct LearnerOptions {
   std::string keys;        ///< this learner's key file (CURVE)
   std::string server_key;  ///< the syncer's public key file (CURVE)
   std::string staging = "auto";  ///< auto: host form when every parameter is on the CPU; always: staged form
+  /// "push" or "pull" (RoundMode; the syncer's must match). The core's default is push, the
+  /// mode of a group learner's leader (ddiloco.GroupLearner); ddiloco.Learner defaults to pull.
+  std::string round = "push";
 };
+
+/// "pull" / "push" -> RoundMode; anything else names the value and the choices.
+RoundMode round_of(const std::string& round, const char* who) {
+  if (round == "pull") return RoundMode::pull;
+  if (round == "push") return RoundMode::push;
+  throw InvalidArgument(std::string(who) + ": round = '" + round +
+                        "' must be 'pull' (the paper's round: the syncer pulls each fragment once per sync_every "
+                        "global steps) or 'push' (each learner sends at its own slots); the syncer's must match");
+}
 
 struct StepResult {
   std::optional<std::size_t> sent;  ///< fragment sent at this step
@@ -325,6 +337,8 @@ class LearnerCore {
     lc.overlap = o.overlap;
     lc.alpha = o.alpha;
     lc.lock_step = o.lock_step;
+    lc.round = round_of(o.round, "ddiloco.Learner");
+    pull_ = lc.round == RoundMode::pull;
     lc.join_timeout = seconds(o.join_timeout_s, "join_timeout");
     lc.join_retry = seconds(o.join_retry_s, "join_retry");
     lc.lock_step_timeout = seconds(o.lock_step_timeout_s, "lock_step_timeout");
@@ -378,7 +392,11 @@ class LearnerCore {
     const std::uint64_t t = loop_->status().step + 1;
     // The tensors this step may touch: the fragment due now, and every fragment
     // sent and awaiting its result once its apply step has come.
-    if (loop_->joined()) {
+    if (loop_->joined() && pull_) {
+      // Pull rounds: any step may answer a pull or apply a global that came;
+      // which ones is the OuterLoop's to know, so every tensor is checked.
+      for (std::size_t p = 0; p < plan_->num_fragments(); ++p) check_fragment(p);
+    } else if (loop_->joined()) {
       if (auto due = schedule_->due_at(t)) check_fragment(*due);
       for (std::size_t p : pending_)
         if (t >= sent_at_[p] + options_.overlap) check_fragment(p);
@@ -446,6 +464,9 @@ class LearnerCore {
     d["lock_step_waits"] = s.lock_step_waits;
     d["lock_step_timeouts"] = s.lock_step_timeouts;
     d["rejoins"] = s.rejoins;
+    d["round"] = pull_ ? "pull" : "push";
+    d["pulls"] = s.pulls;
+    d["metadata_sent"] = s.metadata_sent;
     d["bytes_sent"] = s.bytes_sent;
     std::vector<std::uint64_t> versions;
     for (std::size_t p = 0; p < plan_->num_fragments(); ++p) versions.push_back(loop_->base_version(p));
@@ -516,6 +537,7 @@ class LearnerCore {
   std::vector<Param> params_;
   std::unique_ptr<Plan> plan_;
   bool staged_ = false;
+  bool pull_ = false;  ///< pull rounds (LearnerOptions::round)
   SteadyClock clock_;
   std::unique_ptr<ZmqLearnerTransport> link_;
   std::unique_ptr<LoopBase> loop_;
@@ -673,7 +695,8 @@ void bind_learner(py::module_& m) {
       .def_readwrite("plaintext", &LearnerOptions::plaintext)
       .def_readwrite("keys", &LearnerOptions::keys)
       .def_readwrite("server_key", &LearnerOptions::server_key)
-      .def_readwrite("staging", &LearnerOptions::staging);
+      .def_readwrite("staging", &LearnerOptions::staging)
+      .def_readwrite("round", &LearnerOptions::round);
 
   py::class_<StepResult>(m, "StepReport", "What one Learner.step() did")
       .def(py::init([](std::optional<std::size_t> sent, std::vector<std::size_t> applied,

@@ -42,6 +42,9 @@ struct SyncerOptions {
   std::string bind = "tcp://127.0.0.1:*";
   std::size_t fragments = 4;
   std::size_t overlap = 2;
+  std::size_t sync_every = 0;   ///< H the learners must use (0: not checked; pull rounds need it)
+  std::string round = "push";   ///< "push" or "pull" (RoundMode); ddiloco.Syncer defaults to pull
+  double pull_timeout_s = 0.0;  ///< pull rounds: longest wait for a round's answers (0: derived)
   std::size_t quorum = 1;
   double grace_gamma = 0.3;
   double grace_cap_s = 1.0;
@@ -58,7 +61,6 @@ struct SyncerOptions {
   std::string keys;   ///< the syncer's key file (CURVE)
   std::string allow;  ///< allow-list file: `<learner-id> <public-key>` per line (CURVE)
   std::size_t workers = 2;
-  std::size_t sync_every = 0;  ///< H; a learner joining with another H or tau is refused (0: not checked)
   std::string checkpoint_dir;  ///< resume from / checkpoint() into this directory (empty: no checkpoints)
 };
 
@@ -141,8 +143,19 @@ class SyncerCore {
     sc.quorum.cap = seconds(o.grace_cap_s, "grace_cap");
     sc.quorum.deadline = seconds(o.deadline_s, "deadline");
     sc.max_staleness = o.max_staleness;
-    sc.heartbeat_timeout = seconds(o.heartbeat_timeout_s, "heartbeat_timeout");
     sc.sync_every = o.sync_every;
+    if (o.round == "pull") {
+      sc.round = RoundMode::pull;
+    } else if (o.round != "push") {
+      throw InvalidArgument("ddiloco.Syncer: round = '" + o.round +
+                            "' must be 'pull' (the paper's round; needs sync_every) or 'push'");
+    }
+    if (sc.round == RoundMode::pull && o.sync_every == 0)
+      throw InvalidArgument("ddiloco.Syncer: round = 'pull' needs sync_every > 0 (the learners' sync_every: each "
+                            "fragment's round opens at its slot of the schedule); pass sync_every=, or round='push'");
+    if (o.pull_timeout_s != 0.0) sc.pull_timeout = seconds(o.pull_timeout_s, "pull_timeout");  // 0: derived
+    round_ = sc.round;
+    sc.heartbeat_timeout = seconds(o.heartbeat_timeout_s, "heartbeat_timeout");
     if (o.send_merged_to == "alive") {
       sc.send_merged_to = MergeRecipients::alive;
     } else if (o.send_merged_to == "contributors") {
@@ -233,6 +246,12 @@ class SyncerCore {
     d["leaves"] = s.leaves;
     d["deaths"] = s.deaths;
     d["rejoin_requests"] = s.rejoin_requests;
+    d["round"] = std::string(to_string(round_));
+    d["global_step"] = s.global_step;
+    d["pull_rounds"] = s.pull_rounds;
+    d["pulls_sent"] = s.pulls_sent;
+    d["pull_timeouts"] = s.pull_timeouts;
+    d["pull_rounds_empty"] = s.pull_rounds_empty;
     d["merges"] = s.merges;
     d["contributions_accepted"] = s.contributions_accepted;
     d["mean_quorum_size"] = s.mean_quorum_size();
@@ -293,6 +312,7 @@ class SyncerCore {
   std::mutex checkpoint_mutex_;
   std::string resumed_from_;
   std::vector<std::string> skipped_;
+  RoundMode round_ = RoundMode::push;
 };
 
 }  // namespace
@@ -313,6 +333,9 @@ void bind_syncer(py::module_& m) {
       .def_readwrite("bind", &SyncerOptions::bind)
       .def_readwrite("fragments", &SyncerOptions::fragments)
       .def_readwrite("overlap", &SyncerOptions::overlap)
+      .def_readwrite("sync_every", &SyncerOptions::sync_every)
+      .def_readwrite("round", &SyncerOptions::round)
+      .def_readwrite("pull_timeout_s", &SyncerOptions::pull_timeout_s)
       .def_readwrite("quorum", &SyncerOptions::quorum)
       .def_readwrite("grace_gamma", &SyncerOptions::grace_gamma)
       .def_readwrite("grace_cap_s", &SyncerOptions::grace_cap_s)
@@ -329,7 +352,6 @@ void bind_syncer(py::module_& m) {
       .def_readwrite("keys", &SyncerOptions::keys)
       .def_readwrite("allow", &SyncerOptions::allow)
       .def_readwrite("workers", &SyncerOptions::workers)
-      .def_readwrite("sync_every", &SyncerOptions::sync_every)
       .def_readwrite("checkpoint_dir", &SyncerOptions::checkpoint_dir);
 
   py::class_<SyncerCore>(m, "SyncerCore", "An in-process ZeroMQ syncer (see ddiloco.Syncer)")

@@ -192,6 +192,13 @@ steps1=$(query 'ddiloco_learner_steps_total{learner="0"}')
 wait_until 60 "learner 0's steps to grow past $steps1" query_above 'ddiloco_learner_steps_total{learner="0"}' "$steps1"
 wait_until 60 "learner 0's staleness observations" query_above 'ddiloco_learner_staleness_versions_count{learner="0"}' 0
 wait_until 60 "learner 0's applies" query_above 'ddiloco_learner_applies_total{learner="0"}' 0
+# Pull rounds (the programs' default): the round mode, the global step and the pull counters.
+wait_until 60 "the syncer's round mode pull" query_above 'ddiloco_syncer_round_mode{mode="pull"}' 0
+wait_until 60 "pull rounds" query_above ddiloco_syncer_pull_rounds_total 0
+wait_until 60 "pulls sent" query_above ddiloco_syncer_pulls_sent_total 0
+wait_until 60 "a global step" query_above ddiloco_syncer_global_step 0
+wait_until 60 "learner 0's metadata" query_above 'ddiloco_learner_metadata_sent_total{learner="0"}' 0
+wait_until 60 "learner 0's pulls" query_above 'ddiloco_learner_pulls_total{learner="0"}' 0
 # The documented rules were loaded and are evaluated (health "ok", none failing).
 rules_ok() {
   "$PY" - "http://127.0.0.1:$PROM_PORT/api/v1/rules" <<'EOF'

@@ -31,7 +31,7 @@ def test_a_non_contiguous_parameter_is_refused_naming_it_and_the_fix():
 
 
 def test_a_parameter_resized_after_join_fails_at_its_next_step_naming_it(tiny, syncer_of):
-    s = syncer_of(tiny, fragments=3)
+    s = syncer_of(tiny, fragments=3, sync_every=3, overlap=1)
     ln = learner(tiny, endpoint=s.endpoint, fragments=3, sync_every=3, overlap=1).join()
     with torch.no_grad():
         tiny.hidden.bias.data = torch.zeros(9)
@@ -43,7 +43,7 @@ def test_a_parameter_resized_after_join_fails_at_its_next_step_naming_it(tiny, s
 
 
 def test_a_parameter_converted_after_join_fails_at_its_next_step(tiny, syncer_of):
-    s = syncer_of(tiny, fragments=3)
+    s = syncer_of(tiny, fragments=3, sync_every=3, overlap=1)
     ln = learner(tiny, endpoint=s.endpoint, fragments=3, sync_every=3, overlap=1).join()
     tiny.head.to(torch.bfloat16)
     with pytest.raises(ddiloco.InvalidArgument, match=r"'head.(weight|bias)'.*torch.bfloat16.*model.float\(\)"):

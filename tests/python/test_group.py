@@ -25,11 +25,12 @@ WAIT_S = 60        # the bound of every wait for an event below
 WORKER_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
     [os.path.dirname(os.path.dirname(os.path.abspath(ddiloco.__file__)))] +
     [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-SYNCER = dict(fragments=2, overlap=1, outer_lr=0.7, outer_momentum=0.5)
+# A group learner runs push rounds only (ddiloco.GroupLearner): the whole run does.
+SYNCER = dict(fragments=2, sync_every=8, overlap=1, outer_lr=0.7, outer_momentum=0.5, round="push")
 # The kill test runs its single learner long after the model has converged: random batches on a noisy task
 # keep every learner's per-step progress of one size, which the syncer's norm-outlier check compares.
 KILL_NOISE = 0.3
-LEARNER = dict(plaintext=True, fragments=2, sync_every=8, overlap=1, join_timeout=30)
+LEARNER = dict(plaintext=True, fragments=2, sync_every=8, overlap=1, join_timeout=30, round="push")
 
 
 def start_group(endpoint, directory, tag, steps, alpha=0.0, max_seconds=90, noise=0.01, fold_floats=None,

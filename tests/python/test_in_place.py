@@ -44,8 +44,10 @@ def test_join_writes_the_global_state_into_the_modules_own_tensors(syncer_of, st
 @pytest.mark.parametrize("staging", ["auto", "always"])
 def test_an_applied_global_lands_in_the_parameter_the_optimizer_steps(syncer_of, staging):
     model = Tiny(seed=3)
-    s = syncer_of(model, fragments=3, outer_optimizer="average", send_merged_to="alive")
+    s = syncer_of(model, fragments=3, outer_optimizer="average", send_merged_to="alive", round="push", sync_every=3,
+                  overlap=1)
     ln = ddiloco.Learner(model, endpoint=s.endpoint, id=0, plaintext=True, fragments=3, sync_every=3, overlap=1,
+                         round="push",
                          staging=staging, lock_step=True, lock_step_timeout=30).join()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     applied = set()
@@ -65,9 +67,9 @@ def test_an_applied_global_lands_in_the_parameter_the_optimizer_steps(syncer_of,
 
 def test_a_parameter_whose_storage_was_replaced_is_followed(syncer_of):
     model = Tiny(seed=4)
-    s = syncer_of(model, fragments=3)
+    s = syncer_of(model, fragments=3, round="push", sync_every=3, overlap=1)  # the schedule's sends (push rounds)
     ln = ddiloco.Learner(model, endpoint=s.endpoint, id=0, plaintext=True, fragments=3, sync_every=3,
-                         overlap=1, lock_step=True, lock_step_timeout=30).join()
+                         overlap=1, lock_step=True, lock_step_timeout=30, round="push").join()
     with torch.no_grad():
         model.hidden.weight.data = model.hidden.weight.data.clone()  # same shape, new storage
     for _ in range(7):
@@ -80,9 +82,9 @@ def test_a_parameter_whose_storage_was_replaced_is_followed(syncer_of):
 
 def test_step_reports_which_fragments_were_applied(syncer_of):
     model = Tiny(seed=5)
-    s = syncer_of(model, fragments=3)
+    s = syncer_of(model, fragments=3, round="push", sync_every=3, overlap=1)  # the schedule's sends (push rounds)
     ln = ddiloco.Learner(model, endpoint=s.endpoint, id=0, plaintext=True, fragments=3, sync_every=3,
-                         overlap=1, lock_step=True, lock_step_timeout=30).join()
+                         overlap=1, lock_step=True, lock_step_timeout=30, round="push").join()
     sent_at = {}
     for step in range(1, 11):
         r = ln.step(1)

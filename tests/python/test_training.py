@@ -35,8 +35,10 @@ def train(learner_id, endpoint, use_hook, results, errors):
         model = model_of()
         x, y = task(100 + learner_id)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        # Push rounds: the bounds below are push rounds' (one merge per contribution at K = 1); pull
+        # rounds from Python are tests/python/test_learner_pull.py's.
         kw = dict(endpoint=endpoint, id=learner_id, plaintext=True, fragments=2, sync_every=8, overlap=1,
-                  join_timeout=60)
+                  join_timeout=60, round="push")
 
         def inner_step(i):
             b = slice((i * 32) % 256, (i * 32) % 256 + 32)
@@ -64,7 +66,7 @@ def test_two_learners_reduce_the_loss_of_the_global_model_below_the_bound(syncer
     init = model_of()
     x, y = task(7)
     initial = mse(init, x, y)
-    s = syncer_of(init, fragments=2, overlap=1, outer_lr=0.7, outer_momentum=0.5, heartbeat_timeout=60)
+    s = syncer_of(init, fragments=2, sync_every=8, overlap=1, round="push", outer_lr=0.7, outer_momentum=0.5, heartbeat_timeout=60)
     results, errors = {}, []
     threads = [threading.Thread(target=train, args=(i, s.endpoint, i == 1, results, errors)) for i in range(2)]
     for t in threads:

@@ -174,6 +174,9 @@ struct SyncerMetricsOptions {
   /// the start (the caller checkpoints and calls checkpoint_written()); when
   /// false they appear at the first checkpoint_written().
   bool checkpoints = false;
+  /// The syncer's round mode, exported as ddiloco_syncer_round_mode{mode="push"|"pull"} = 1
+  /// (not exported when unset).
+  std::optional<RoundMode> round{};
 };
 
 /// The syncer's series (prefix ddiloco_syncer_). update() is thread-safe.
@@ -207,6 +210,11 @@ class SyncerMetrics {
     pruned_ = total("learners_pruned_total", "Departed learners forgotten (after the prune time, or to make room).");
     rejoin_requests_ = total("rejoin_requests_total",
                              "Unknown learners (e.g. joined after the restored checkpoint) asked to join again.");
+    pull_rounds_ = total("pull_rounds_total", "Pull rounds opened (a fragment's slot came at the global step).");
+    pulls_sent_ = total("pulls_sent_total", "Pull requests sent to learners (one per learner with progress per round).");
+    pull_timeouts_ = total("pull_timeouts_total",
+                           "Pull rounds merged at the pull time-out with answers still missing.");
+    pull_rounds_empty_ = total("pull_rounds_empty_total", "Pull rounds closed without a merge (no accepted answer).");
     in_ = total("message_received_bytes_total", "Bytes of the messages the syncer handled (header + payload).");
     out_ = total("message_sent_bytes_total", "Bytes of the messages the syncer queued for learners (header + payload).");
     auto& rejected = counter_family(r, "ddiloco_syncer_contributions_rejected_total",
@@ -215,6 +223,13 @@ class SyncerMetrics {
       rejected_[i] = TotalCounter(rejected.Add({{"reason", std::string(to_string(static_cast<RejectReason>(i)))}}));
     alive_ = &gauge("learners_alive", "Learners heard from within the heartbeat time-out (counted by the quorum).");
     known_ = &gauge("learners_known", "Learner ids that ever joined this syncer (alive or not).");
+    global_step_ = &gauge("global_step",
+                          "The global step: the furthest any learner has trained, each learner's steps counted from "
+                          "the global step at its join (pull rounds open with it; kept in push rounds too).");
+    if (options.round)
+      gauge_family(r, "ddiloco_syncer_round_mode", "The syncer's round mode (label mode: push or pull), always 1.")
+          .Add({{"mode", std::string(to_string(*options.round))}})
+          .Set(1.0);
     if (options.checkpoints) register_checkpoint_series();
     if (options.min_quorum > 0)
       gauge("min_quorum", "K: minimum distinct contributions before a merge.")
@@ -323,6 +338,11 @@ class SyncerMetrics {
     joins_full_.set(s.joins_over_capacity, count);
     pruned_.set(s.learners_pruned, count);
     rejoin_requests_.set(s.rejoin_requests, count);
+    pull_rounds_.set(s.pull_rounds, count);
+    pulls_sent_.set(s.pulls_sent, count);
+    pull_timeouts_.set(s.pull_timeouts, count);
+    pull_rounds_empty_.set(s.pull_rounds_empty, count);
+    global_step_->Set(static_cast<double>(s.global_step));
     in_.set(s.bytes_in, count);
     out_.set(s.bytes_out, count);
     for (std::size_t i = 0; i < kRejectReasons; ++i) rejected_[i].set(s.rejected[i], count);
@@ -397,11 +417,13 @@ class SyncerMetrics {
   std::optional<detail::TransportSeries> transport_;  ///< registered at the first update with transport counters
   std::optional<BoundSeries> bounds_;                  ///< likewise, for a transport with memory-bound counters
   detail::TotalCounter merges_, grace_waits_, deadline_merges_, accepted_, joins_, leaves_, deaths_, in_, out_,
-      checkpoints_, joins_limited_, joins_full_, pruned_, rejoin_requests_, clipped_, capped_;
+      checkpoints_, joins_limited_, joins_full_, pruned_, rejoin_requests_, clipped_, capped_, pull_rounds_,
+      pulls_sent_, pull_timeouts_, pull_rounds_empty_;
   std::array<detail::TotalCounter, kRejectReasons> rejected_{};
   std::optional<detail::TotalCounter> auth_denied_, impersonations_, handshake_failures_;
   prometheus::Gauge* alive_ = nullptr;
   prometheus::Gauge* known_ = nullptr;
+  prometheus::Gauge* global_step_ = nullptr;
   prometheus::Gauge* checkpoint_age_ = nullptr;
   detail::TotalHistogram quorum_, round_, grace_;
   prometheus::Family<prometheus::Gauge>* versions_ = nullptr;
@@ -434,6 +456,8 @@ class LearnerMetrics {
     heartbeats_ = total("heartbeats_total", "Heartbeats sent (nothing else sent for a heartbeat interval).");
     rejoins_ = total("rejoins_total", "Joins again because the syncer did not know this learner (after a restore).");
     payload_ = total("contribution_bytes_total", "Payload bytes of the messages this learner sent.");
+    pulls_ = total("pulls_total", "Pull requests received from the syncer (pull rounds).");
+    metadata_ = total("metadata_sent_total", "Metadata messages sent (pull rounds: one per inner step).");
     auto hist = [&](const char* name, const char* help) {
       const auto b = staleness_bounds();
       return TotalHistogram(histogram_family(r, std::string("ddiloco_learner_") + name, help).Add(labels_, b),
@@ -474,6 +498,8 @@ class LearnerMetrics {
     heartbeats_.set(s.heartbeats);
     rejoins_.set(s.rejoins);
     payload_.set(s.bytes_sent);
+    pulls_.set(s.pulls);
+    metadata_.set(s.metadata_sent);
     staleness_.set(s.staleness_versions);
     delay_.set(s.apply_delay_steps);
   }
@@ -483,7 +509,7 @@ class LearnerMetrics {
   prometheus::Labels labels_;
   std::optional<detail::TransportSeries> transport_;  ///< registered at the first update with transport counters
   detail::TotalCounter steps_, tokens_, sends_, send_failures_, applies_, late_applies_, received_, ignored_,
-      heartbeats_, payload_, rejoins_;
+      heartbeats_, payload_, rejoins_, pulls_, metadata_;
   detail::TotalHistogram staleness_, delay_;
 };
 
