@@ -2336,7 +2336,9 @@ class Syncer {
       f.graced = d.reason.find("grace") != std::string_view::npos;
       start_pull(p, f, now, out);
     }
-    // Pulling: merge once every pulled learner has answered or died, or at the time-out.
+    // Pulling: merge once every pulled learner has answered or died, or at the
+    // pull time-out (an answer takes at most one of the learner's steps; the
+    // quorum and the grace window were the waiting phase's).
     bool waiting_for_answers = false;
     {
       std::unique_lock lock(members_mutex_);
@@ -2380,7 +2382,8 @@ class Syncer {
     {
       std::unique_lock lock(members_mutex_);
       for (const auto& [id, l] : learners_)
-        if (eligible(l, f.round_step) && has_progress(l, p)) f.pulled.insert(id);
+        // (One whose late answer to the previous round is already in the accumulator is not asked again.)
+        if (eligible(l, f.round_step) && has_progress(l, p) && !f.contributors.contains(id)) f.pulled.insert(id);
       counters_.pulls_sent += f.pulled.size();
     }
     const std::size_t from = out.size();
