@@ -95,6 +95,24 @@ auto factory(std::size_t M) {
 
 using Cluster = LocalCluster<QuadraticTrainer, RadialDirectional, NesterovSGD, TokenWeights>;
 
+// The threaded runs: 300 steps per learner, 2 merge workers, 5% duplicates,
+// learner 1 killed at its step 60 and back 5 ms later.
+ClusterConfig threaded(ClusterConfig c) {
+  c.token_budget = 0;
+  c.steps_per_learner = 300;
+  c.syncer.quorum.cap = 1ms;
+  c.syncer_workers = 2;
+  MessageFaults f;
+  f.duplicate = 0.05;
+  c.tape.set_message_faults(f);
+  c.tape.add(Kill{1, 60, Downtime{std::nullopt, 5ms}});
+  return c;
+}
+
+auto heavy_trainers(std::size_t a, std::size_t b) {
+  return [a, b](LearnerId id, std::uint64_t inc) { return std::make_unique<QuadraticTrainer>(id, inc, 4, a, b); };
+}
+
 }  // namespace
 
 TEST_CASE("Four learners in virtual time train to the global optimum with zero global downtime", "[cluster]") {
@@ -246,16 +264,8 @@ TEST_CASE("With a straggler, wait-for-all loses goodput while K = 1 keeps every 
 // most 0.18 measured over 8 runs. The bound is half the start (0.7).
 TEST_CASE("Learners as real threads train to the optimum through the threaded syncer runtime", "[cluster][threads]") {
   static constexpr std::size_t a = 8192, b = 1024;
-  ClusterConfig c = decoupled(4);
-  c.token_budget = 0;
-  c.steps_per_learner = 300;
-  c.syncer.quorum.cap = 1ms;
-  c.syncer_workers = 2;
-  MessageFaults f;
-  f.duplicate = 0.05;
-  c.tape.set_message_faults(f);
-  c.tape.add(Kill{1, 60, Downtime{std::nullopt, 5ms}});
-  auto heavy = [](LearnerId id, std::uint64_t inc) { return std::make_unique<QuadraticTrainer>(id, inc, 4, a, b); };
+  const ClusterConfig c = threaded(decoupled(4));
+  auto heavy = heavy_trainers(a, b);
   using ThreadedCluster = LocalCluster<QuadraticTrainer, RadialDirectional, PlainSGD, TokenWeights>;
   const auto r = ThreadedCluster(quad_plan(2, a, b), c, heavy, RadialDirectional(), PlainSGD(0.5f)).run_threaded();
   CHECK(r.inner_steps >= 4 * 300);
@@ -339,16 +349,8 @@ TEST_CASE("Push rounds at M = 16 with four 2x stragglers reject no honest contri
 // at the pull time-out.
 TEST_CASE("Learners as real threads train to the optimum in pull rounds with Nesterov", "[cluster][threads][pull]") {
   static constexpr std::size_t a = 8192, b = 1024;
-  ClusterConfig c = pulled(decoupled(4));
-  c.token_budget = 0;
-  c.steps_per_learner = 300;
-  c.syncer.quorum.cap = 1ms;
-  c.syncer_workers = 2;
-  MessageFaults f;
-  f.duplicate = 0.05;
-  c.tape.set_message_faults(f);
-  c.tape.add(Kill{1, 60, Downtime{std::nullopt, 5ms}});
-  auto heavy = [](LearnerId id, std::uint64_t inc) { return std::make_unique<QuadraticTrainer>(id, inc, 4, a, b); };
+  const ClusterConfig c = threaded(pulled(decoupled(4)));
+  auto heavy = heavy_trainers(a, b);
   const auto r = Cluster(quad_plan(2, a, b), c, heavy).run_threaded();
   INFO(r.syncer.line() << ", global step " << r.syncer.global_step << ", pull time-outs " << r.syncer.pull_timeouts);
   CHECK(r.inner_steps >= 4 * 300);
