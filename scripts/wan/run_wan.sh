@@ -221,8 +221,10 @@ run_mode() {
       # Synchronous baseline: every step exchanges the full model delta; the
       # syncer averages all learners' deltas (K = all) and returns the average.
       steps="$STEPS_SYNC"
-      sflags="--fragments 1 --sync-every 1 --overlap 0 --quorum $LEARNERS --merge average --outer-optimizer average --grace-gamma 0"
-      lflags="--fragments 1 --sync-every 1 --overlap 0 --codec fp32 --lock-step --lock-step-timeout-ms 20000" ;;
+      # Push rounds: each learner sends at every step and waits for the average
+      # (lock-step); a pull round per step would cost a pull round trip each.
+      sflags="--round push --fragments 1 --sync-every 1 --overlap 0 --quorum $LEARNERS --merge average --outer-optimizer average --grace-gamma 0"
+      lflags="--round push --fragments 1 --sync-every 1 --overlap 0 --codec fp32 --lock-step --lock-step-timeout-ms 20000" ;;
     *) echo "run_wan.sh: unknown mode '$mode'" >&2; return 1 ;;
   esac
   # shellcheck disable=SC2086
