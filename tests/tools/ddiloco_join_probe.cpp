@@ -27,6 +27,7 @@
 
 #include "cli.hpp"
 #include "model_flags.hpp"
+#include "round_flag.hpp"
 
 using namespace ddiloco;
 
@@ -45,6 +46,7 @@ int main(int argc, char** argv) try {
   f.add("fragments", "5", "P (must match the syncer)");
   f.add("sync-every", "24", "H (must match the syncer)");
   f.add("overlap", "2", "tau (must match the syncer)");
+  cli::add_round_flag(f, "this probe");
   f.add("join-timeout-ms", "0", "give up joining after this long; 0: derived from the state and --join-link-mbit");
   f.add("join-link-mbit", "100", "the declared link to the syncer in Mbit/s (sizes the derived join time-out)");
   f.add("steps", "0", "synthetic inner steps after the join (0: until --stop-file or a signal)");
@@ -74,6 +76,7 @@ int main(int argc, char** argv) try {
   oc.id = zc.id;
   oc.sync_every = f.count("sync-every");
   oc.overlap = f.count("overlap");
+  oc.round = cli::round_from_flags(f);  // the syncer's --round (the programs' default: pull)
   oc.tokens_per_step = f.count("tokens-per-step");
   oc.join_timeout = std::chrono::milliseconds(f.integer("join-timeout-ms"));
   oc.join_link_mbit = f.num("join-link-mbit");
