@@ -62,7 +62,7 @@ def test_the_defaults_are_pull_rounds_and_a_metadata_frame_is_88_bytes_on_the_wi
 def test_two_pull_learners_are_pulled_once_per_round_and_the_syncer_merges_their_answers(syncer_of):
     model = Tiny(seed=2)
     s = syncer_of(model, fragments=P, sync_every=H, overlap=TAU, heartbeat_timeout=30)
-    stop, errors, results = threading.Event(), [], {}
+    stop, errors, results, live = threading.Event(), [], {}, {}
     # Each learner trains until the test has seen what it waits for (20000 steps: a failure guard).
 
     def run(learner_id):
@@ -75,6 +75,8 @@ def test_two_pull_learners_are_pulled_once_per_round_and_the_syncer_merges_their
                     n += 1
                     train_step(m, opt, 1000 * learner_id + n)
                     ln.step(tokens=7)
+                    if n % 10 == 0:
+                        live[learner_id] = ln.status()  # what the main thread waits for
                     time.sleep(0.001)  # two threads of one process: let the other one run
                 results[learner_id] = ln.status()
         except BaseException as e:  # reported by the main thread
@@ -87,11 +89,16 @@ def test_two_pull_learners_are_pulled_once_per_round_and_the_syncer_merges_their
     try:
         # The first learner may merge alone for a while before the other has joined: wait for a merge
         # of both learners' answers (a round pulls every learner with progress), and 12 merges.
+        # Each learner must also have answered and applied 4 pulls: the second may join late.
         def both_merged():
             st = s.status()
-            return errors or (st["merges"] >= 12 and len(st["quorum_sizes"]) > 2 and st["quorum_sizes"][2] >= 1)
+            each = all(r.get("pulls", 0) >= 4 and r.get("sends", 0) >= 4 and r.get("applies", 0) >= 4
+                       for r in (live.get(0, {}), live.get(1, {})))
+            return errors or (each and st["merges"] >= 12 and len(st["quorum_sizes"]) > 2
+                              and st["quorum_sizes"][2] >= 1)
 
-        wait_for("12 merges, one of them of both learners' answers", both_merged)
+        wait_for("12 merges, one of them of both learners' answers, 4 pulls answered and applied by each",
+                 both_merged)
     finally:
         stop.set()
         for t in threads:
