@@ -308,8 +308,8 @@ int main(int argc, char** argv) try {
   cli::add_round_flag(f, "every learner");
   f.add("pull-timeout-ms", "0",
         "pull rounds: the longest a round waits for the answers to its pulls before merging those in (later "
-        "answers go to the fragment's next round); 0: 2 (tau + 1) x the measured inner-step time, at most "
-        "--deadline-ms");
+        "answers go to the fragment's next round); 0: twice the larger of (tau + 1) x the measured inner-step "
+        "time and the measured pull-to-answer time, at most --deadline-ms");
   f.add("quorum", "1", "K: minimum distinct contributions before a merge");
   f.add("grace-gamma", "0.3", "gamma: safety factor of the adaptive grace window (0 disables the window)");
   f.add("grace-cap-ms", "1000", "cap of the grace window, milliseconds (about one inner step)");

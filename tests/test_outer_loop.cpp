@@ -1637,3 +1637,98 @@ TEST_CASE("Pull rounds: a duplicated pull is answered once", "[outer_loop][pull]
   CHECK(la.status().sends == 2);
   CHECK(r.syncer.status().fragments[1].last_quorum_size == 1);
 }
+
+TEST_CASE("Pull rounds: a learner that outran the merge round trip waits for the global on its way instead of "
+          "answering on a base the syncer can no longer anchor at",
+          "[outer_loop][pull]") {
+  Rig r(1024, {}, pull_config(/*tau=*/1));  // anchor_versions = 1: one previous global kept
+  VecParams a = zero_params();
+  auto ta = r.net.learner(1);
+  Outer la(r.plan, ta, pull_learner(1, 1));
+  r.join(la, a);
+  // The syncer's globals are held back (a slow down-link) until `hold` is lifted.
+  std::vector<Outbox::value_type> held;
+  bool hold = true;
+  auto pump = [&] {
+    while (auto m = r.link.try_receive()) {
+      r.seen.push_back(*m);
+      r.syncer.handle(*m, r.out);
+      for (auto& o : r.out) {
+        if (hold && o.message.type == MessageType::global_fragment) held.push_back(std::move(o));
+        else r.link.send_to(o.to, std::move(o.message));
+      }
+      r.out.clear();
+    }
+  };
+  auto step = [&] {
+    inner_step(a);
+    la.step(a, 16);
+    pump();
+  };
+  // Fragment 1's slots are global steps 2, 6, 10. Its answers at steps 3 and 7 are on base 0:
+  // merged as versions 1 and 2, which do not arrive. The pull at 10 anchors at version 1 or later.
+  for (int s = 1; s <= 11; ++s) step();
+  const auto& st = r.syncer.status();
+  CHECK(r.syncer.status().fragments[1].merges == 2);
+  CHECK(la.base_version(1) == 0);
+  CHECK(la.status().pulls == 3 + 2);  // fragment 0 at 4 and 8 as well
+  CHECK(la.status().pulls_deferred_steps == 1);  // step 11: no answer on base 0
+  CHECK(st.rejected[static_cast<std::size_t>(RejectReason::stale)] == 0);
+  // The globals arrive: applied at step 12 (answer + tau has passed), answered at 13 on version 2.
+  hold = false;
+  for (auto& o : held) r.link.send_to(o.to, std::move(o.message));
+  held.clear();
+  step();
+  CHECK(la.base_version(1) == 2);
+  const std::size_t before = r.contributions().size();
+  step();
+  const auto c = r.contributions();
+  REQUIRE(c.size() > before);
+  const auto& answer = c.back().fragment == 1 ? c.back() : c[c.size() - 2];
+  CHECK(answer.fragment == 1);
+  CHECK(answer.version == 2);
+  CHECK(answer.steps == 1);  // step 13, since the apply at 12
+  const auto after = r.syncer.status();
+  CHECK(after.fragments[1].merges == 3);
+  CHECK(after.rejected[static_cast<std::size_t>(RejectReason::stale)] == 0);
+  CHECK(la.status().pulls_deferred_steps == 2);  // steps 11 and 12
+}
+
+TEST_CASE("Pull rounds: a pull repeated after a time-out, of the version just answered from the same base, is not "
+          "answered twice within H steps; later it is (the answer may have been lost)",
+          "[outer_loop][pull]") {
+  Rig r(1024, {}, pull_config(/*tau=*/1));
+  VecParams a = zero_params();
+  auto ta = r.net.learner(1);
+  Outer la(r.plan, ta, pull_learner(1, 1));
+  r.join(la, a);
+  auto pull = [&](std::uint64_t slot) {
+    Message m;
+    m.type = MessageType::pull;
+    m.fingerprint = r.plan.fingerprint();
+    m.learner = 1;
+    m.fragment = 1;
+    m.version = 0;
+    m.step = slot;
+    r.link.send_to(1, std::move(m));
+  };
+  auto step = [&] {
+    inner_step(a);
+    la.step(a, 16);
+    (void)r.intercept();  // a syncer that never answers
+  };
+  step();
+  pull(1);
+  step();  // answered at step 2
+  CHECK(la.status().sends == 1);
+  pull(5);  // the round timed out before the answer arrived: pulled again
+  step();
+  step();
+  CHECK(la.status().sends == 1);
+  CHECK(la.status().pulls == 1);
+  for (int s = 0; s < 4; ++s) step();  // step 8: more than H = 4 steps after the answer
+  pull(9);
+  step();
+  CHECK(la.status().sends == 2);
+  CHECK(la.status().pulls == 2);
+}

@@ -1425,3 +1425,100 @@ TEST_CASE("Pull rounds: a round whose every pulled learner answered with a refus
   CHECK(st.pull_timeouts == 0);
   CHECK(st.merges == 0);
 }
+
+TEST_CASE("Pull rounds: an answer's steps are bounded by the learner's steps since its base version was sent to "
+          "it, not by the push-era ceiling, so a learner that outran the merge round trip is not refused",
+          "[syncer][pull]") {
+  Rig r;
+  r.config.quorum.grace = false;
+  r.config.round = RoundMode::pull;
+  r.config.sync_every = 2;
+  r.config.quorum.overlap = 1;
+  r.config.max_staleness = 1;  // the push ceiling H x (max_staleness + 1) = 4 steps
+  r.config.pull_timeout = 10s;
+  Syncer<> s(r.plan, r.init, r.clock, r.config);
+  r.join(s, 1);
+  std::uint64_t step = 0;
+  std::vector<Message> pulls;
+  auto metadata_to = [&](std::uint64_t last) {
+    for (; step < last;) {
+      ++step;
+      Message meta = test::control_message(r.plan, MessageType::metadata, 1, 0);
+      meta.step = step;
+      meta.tokens = static_cast<std::int64_t>(step * 10);
+      r.out.clear();
+      r.clock.advance(1ms);
+      s.handle(meta, r.out);
+      for (const auto& o : r.out)
+        if (o.message.type == MessageType::pull) pulls.push_back(o.message);
+    }
+  };
+  metadata_to(1);  // H = 2, two fragments: one slot per global step
+  REQUIRE(pulls.size() == 1);
+  const std::size_t p = pulls[0].fragment;
+  // The first answer: 1 step on version 0; merged (the only learner), version 1 goes out at step 1.
+  r.steps_so_far[1] = 0;
+  r.out.clear();
+  s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 1, /*version=*/0, /*steps=*/1, 10), r.out);
+  REQUIRE(s.status().fragments[p].merges == 1);
+  // Its next answer on version 1 comes 10 steps later (the learner kept training while p's next
+  // rounds waited): 10 steps since version 1 was sent is honest, 11 is not.
+  metadata_to(11);
+  r.steps_so_far[1] = 0;
+  s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 2, /*version=*/1, /*steps=*/11, 110), r.out);
+  CHECK(s.status().rejected[static_cast<std::size_t>(RejectReason::steps_beyond_schedule)] == 1);
+  r.steps_so_far[1] = 1;
+  s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 3, /*version=*/1, /*steps=*/10, 100), r.out);
+  const auto st = s.status();
+  CHECK(st.rejected[static_cast<std::size_t>(RejectReason::steps_beyond_schedule)] == 1);
+  CHECK(st.contributions_accepted == 2);
+}
+
+TEST_CASE("Pull rounds: the derived pull time-out learns the time a pull takes to be answered, so a link slower "
+          "than a few inner steps does not time out every round",
+          "[syncer][pull]") {
+  Rig r;
+  r.config.quorum.grace = false;
+  r.config.round = RoundMode::pull;
+  r.config.sync_every = 16;     // two fragments: a slot every 8 steps
+  r.config.quorum.overlap = 1;  // 2 (tau + 1) steps of 1 ms: 4 ms, a pull takes 10 ms to be answered
+  Syncer<> s(r.plan, r.init, r.clock, r.config);
+  r.join(s, 1);
+  constexpr auto kAnswerDelay = 10ms;
+  std::vector<std::pair<TimePoint, Message>> due;  // (when, pull) answers on their way
+  std::uint64_t sequence = Rig::seq0();
+  std::vector<std::uint64_t> timeouts_by_round;
+  for (std::uint64_t step = 1; step <= 400; ++step) {
+    r.clock.advance(1ms);
+    r.out.clear();
+    Message meta = test::control_message(r.plan, MessageType::metadata, 1, 0);
+    meta.step = step;
+    meta.tokens = static_cast<std::int64_t>(step * 10);
+    s.handle(meta, r.out);
+    s.tick(r.out);
+    for (const auto& o : r.out)
+      if (o.message.type == MessageType::pull) due.emplace_back(r.clock.now() + kAnswerDelay, o.message);
+    for (auto it = due.begin(); it != due.end();) {
+      if (it->first > r.clock.now()) {
+        ++it;
+        continue;
+      }
+      // The answer: one step since the pulled version (applied at once), the learner's step now.
+      r.steps_so_far[1] = step - 1;
+      r.out.clear();
+      s.handle(r.contribution(1, it->second.fragment, 0.01f, ++sequence, it->second.version, 1, 10), r.out);
+      it = due.erase(it);
+    }
+    if (step % 100 == 0) timeouts_by_round.push_back(s.status().pull_timeouts);
+  }
+  const auto st = s.status();
+  INFO("pull time-outs after 100, 200, 300, 400 steps: " << timeouts_by_round[0] << ", " << timeouts_by_round[1]
+       << ", " << timeouts_by_round[2] << ", " << timeouts_by_round[3]);
+  CHECK(st.pull_rounds >= 45);
+  CHECK(st.merges >= 45);
+  // Each fragment's first round times out (4 ms < 10 ms); its late answer is measured, and the
+  // time-out is 20 ms from then on.
+  CHECK(timeouts_by_round[0] == 2);
+  CHECK(timeouts_by_round[3] == timeouts_by_round[0]);
+  CHECK(st.rejected[static_cast<std::size_t>(RejectReason::stale)] == 0);
+}

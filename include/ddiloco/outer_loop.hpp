@@ -49,6 +49,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -141,6 +142,9 @@ struct OuterLoopStatus {
   std::uint64_t lock_step_timeouts = 0;
   std::uint64_t rejoins = 0;            ///< joins again asked for by the syncer (MessageType::rejoin)
   std::uint64_t pulls = 0;              ///< pull requests received (pull rounds)
+  /// Pull rounds: steps at which a pull's answer waited for a global on its
+  /// way (its base was older than the syncer can anchor at), summed over pulls.
+  std::uint64_t pulls_deferred_steps = 0;
   std::uint64_t metadata_sent = 0;      ///< metadata messages sent (pull rounds: one per step)
   std::uint64_t bytes_sent = 0;
   /// Per apply after a send: versions the fragment's global moved between the
@@ -327,7 +331,7 @@ class OuterLoop {
     pending_.clear();
     pulls_.clear();
     arrived_.clear();
-    for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false, {}, 0, {}};
+    for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false, {}, 0, {}, 0, 0, {}};
     send_join();
   }
 
@@ -383,9 +387,21 @@ class OuterLoop {
     // a fragment is never due for both in one step, so the order is moot.
     if (config_.round == RoundMode::pull) {
       // Answer the syncer's pulls; one with no progress yet (or refused by the
-      // transport) is answered at the next step that has some.
+      // transport) is answered at the next step that has some. An answer on a
+      // base older than the syncer can anchor at would be refused as stale:
+      // the newer global is on its way (this learner outran the merge round
+      // trip), so the answer waits until it is applied, at most H steps (a
+      // global lost on the way: the stale answer makes the syncer send it again).
       for (std::size_t i = 0; i < pulls_.size() && !rejoining_;) {
+        const auto& pf = frags_[pulls_[i]];
+        if (pf.base_version < pf.pull_floor && step_ - pf.pulled_at_step <= config_.sync_every) {
+          ++status_.pulls_deferred_steps;
+          ++i;
+          continue;
+        }
         if (send_fragment(pulls_[i], params)) {
+          auto& af = frags_[pulls_[i]];
+          af.answer = std::array<std::uint64_t, 3>{af.pulled_round ? af.pulled_round->second : 0, af.base_version, step_};
           report.sent = pulls_[i];
           pulls_.erase(pulls_.begin() + static_cast<std::ptrdiff_t>(i));
         } else {
@@ -497,6 +513,13 @@ class OuterLoop {
     std::uint64_t global_version = 0;
     /// Pull rounds: (slot, version) of the newest pull taken.
     std::optional<std::pair<std::uint64_t, std::uint64_t>> pulled_round;
+    /// Pull rounds: the oldest base the syncer can anchor an answer at (the
+    /// pull's `tokens`; 0: not stated), and this learner's step when the pull came.
+    std::uint64_t pull_floor = 0;
+    std::uint64_t pulled_at_step = 0;
+    /// Pull rounds: the last answer sent, as (the pull's version, this
+    /// learner's base version, its step then).
+    std::optional<std::array<std::uint64_t, 3>> answer;
 
     [[nodiscard]] bool has_newer() const noexcept { return latest && latest_version > base_version; }
   };
@@ -645,7 +668,19 @@ class OuterLoop {
         ++status_.ignored;
         return;
       }
+      // A pull of the version this learner answered last, from the same base,
+      // within H steps: the syncer timed the round out before that answer
+      // reached it, and will count it when it does. A second answer from
+      // that base, merged after the first, would be stale. (Later than H
+      // steps, the answer may have been lost: answered again.)
+      if (f.answer && (*f.answer)[0] == m.version && (*f.answer)[1] == f.base_version &&
+          step_ - (*f.answer)[2] <= config_.sync_every) {
+        ++status_.ignored;
+        return;
+      }
       f.pulled_round = std::make_pair(m.step, m.version);
+      f.pull_floor = m.tokens > 0 ? static_cast<std::uint64_t>(m.tokens) : 0;
+      f.pulled_at_step = step_;
       ++status_.pulls;
       if (std::find(pulls_.begin(), pulls_.end(), m.fragment) == pulls_.end()) pulls_.push_back(m.fragment);
       return;

@@ -243,9 +243,11 @@ struct SyncerConfig {
   /// pulls before merging those that are in (a learner answers at its next
   /// step boundary; one that died or whose answer was lost is not waited for
   /// longer). Answers arriving later are merged in the fragment's next round.
-  /// 0 derives it per fragment: 2 (tau + 1) x the inner-step time the wait
-  /// policy has measured, at least 1 ms, at most quorum.deadline (which it is
-  /// until a step time is known).
+  /// 0 derives it per fragment: twice the larger of (tau + 1) x the measured
+  /// inner-step time and the measured time from a pull to its answer (late
+  /// answers included, so a link slower than a few steps does not time out
+  /// every round), at least 1 ms, at most quorum.deadline (which it is until
+  /// a step time is known).
   Duration pull_timeout = Duration{0};
   /// Pull rounds: a learner answers with v = Theta_p^(b) - theta, measured
   /// from the global b it last applied (what the codecs compress: a small
@@ -1289,7 +1291,31 @@ class Syncer {
     /// Per fragment: its step counter when the syncer last sent it that
     /// fragment (join or merge); it has progress on p once `step` is above.
     std::vector<std::uint64_t> receipt_step;
+    /// Pull rounds, per fragment: the versions last sent to it (newest first)
+    /// and its step counter when each went out (a join's: less the steps it
+    /// may carry). An answer based on version v counts the steps since the
+    /// learner applied v, which is at or after v was sent: check_claims bounds
+    /// it by `step - sent.step`.
+    struct Sent {
+      std::uint64_t version = 0;
+      std::uint64_t step = 0;
+      bool set = false;
+    };
+    static constexpr std::size_t kSentVersions = 4;
+    std::vector<std::array<Sent, kSentVersions>> sent;
   };
+
+  /// Records that `sent_version` of fragment p went to `l` when its step
+  /// counter was `at_step`. A version sent again keeps its first entry: the
+  /// learner applies the first copy and ignores the others.
+  void note_sent(LearnerInfo& l, std::size_t p, std::uint64_t sent_version, std::uint64_t at_step) const {
+    if (!pull_schedule_) return;
+    if (l.sent.size() != fragments_.size()) l.sent.assign(fragments_.size(), {});
+    auto& s = l.sent[p];
+    if (s[0].set && s[0].version == sent_version) return;
+    std::move_backward(s.begin(), s.end() - 1, s.end());
+    s[0] = {sent_version, at_step, true};
+  }
 
   struct FragmentState {
     mutable std::mutex mutex;
@@ -1325,6 +1351,13 @@ class Syncer {
     std::set<LearnerId> answered;     ///< ... whose answer has been admitted (accepted or rejected)
     TimePoint pulled_at{0};
     bool graced = false;  ///< the open round's pull waited for a grace window
+    /// Time from a pull to its answer, over answers in time and late ones
+    /// (pull_timeout() waits twice this); `overdue`: the learners whose answer
+    /// to the pull sent at `overdue_since` was still missing at its time-out,
+    /// each with whether the next round has already skipped it (start_pull).
+    detail::Ema answer_seconds{0.25};
+    std::map<LearnerId, bool> overdue;
+    TimePoint overdue_since{0};
     /// Pull rounds: the previous globals (version, values), oldest first, at
     /// most SyncerConfig::anchor_versions, to anchor contributions (anchor()).
     std::deque<std::pair<std::uint64_t, Payload>> previous;
@@ -1601,6 +1634,7 @@ class Syncer {
         l.step = m.step;
         l.reported = false;
         l.receipt_step.assign(fragments_.size(), m.step);
+        l.sent.assign(fragments_.size(), {});
         new_incarnation = true;
         ++counters_.joins;
       }
@@ -1618,6 +1652,13 @@ class Syncer {
       Message reply = global_message(p, f, m.learner, MessageType::full_state);
       reply.sequence = first_sequence;
       out.push_back({m.learner, std::move(reply)});
+      if (pull_schedule_) {  // a receipt; it may carry steps from before the join (step_base)
+        std::unique_lock members(members_mutex_);
+        if (auto it = learners_.find(m.learner); it != learners_.end()) {
+          auto& l = it->second;
+          note_sent(l, p, f.version, p < l.step_base.size() ? l.step_base[p] : 0);
+        }
+      }
       // A new incarnation will not answer its predecessor's pull: not waited for.
       if (new_incarnation && f.phase == FragmentState::Phase::pulling && !f.answered.contains(m.learner) &&
           f.pulled.erase(m.learner) != 0)
@@ -1817,26 +1858,38 @@ class Syncer {
   ///                                                   else tokens_beyond_declared.
   /// An honest learner counts steps and tokens since its last send or receipt
   /// of p, which is at or after b, so it never exceeds either bound. b moves to
-  /// s (if later) whatever the outcome: the learner was at step s. Takes the
+  /// s (if later) whatever the outcome: the learner was at step s. In pull
+  /// rounds b is the learner's step when the answer's base version was sent
+  /// to it (LearnerInfo::sent), with no ceiling; unrecorded, its join's. Takes the
   /// membership lock (under the fragment's, the usual order).
   std::optional<RejectReason> check_claims(std::size_t p, const Message& m) {
     const auto steps = static_cast<std::uint64_t>(m.steps);  // >= 1 (precheck)
     const auto tokens = static_cast<std::uint64_t>(m.tokens);  // >= 0 (precheck)
     std::uint64_t base = 0, declared = 0;
+    bool sent_known = false;
     {
       std::unique_lock lock(members_mutex_);
       if (auto it = learners_.find(m.learner); it != learners_.end()) {
         auto& l = it->second;
         if (l.step_base.size() != fragments_.size()) l.step_base.assign(fragments_.size(), 0);
         base = l.step_base[p];
-        // Pull rounds count steps since the learner last applied p, and it
-        // answers again (with its whole progress) when a global was lost: its
-        // base stays at its join, the ceiling bounds each claim.
+        // Pull rounds count steps since the learner last applied p, the
+        // version its answer is based on: at most the steps since that
+        // version was sent to it. Without a record of that send (a restored
+        // syncer, an older base) the base stays at its join and the ceiling
+        // bounds each claim.
         if (!pull_schedule_) l.step_base[p] = std::max(base, m.step);
+        else if (p < l.sent.size())
+          for (const auto& s : l.sent[p])
+            if (s.set && s.version == m.version) {
+              base = s.step;
+              sent_known = true;
+              break;
+            }
         declared = l.tokens_per_step;
       }
     }
-    const std::uint64_t ceiling = steps_ceiling(config_);
+    const std::uint64_t ceiling = sent_known ? 0 : steps_ceiling(config_);
     if (m.step < base || steps > m.step - base || (ceiling != 0 && steps > ceiling))
       return RejectReason::steps_beyond_schedule;
     const std::uint64_t per_step = declared != 0 ? declared : config_.max_tokens_per_step;
@@ -1923,8 +1976,14 @@ class Syncer {
   bool admit(std::size_t p, FragmentState& f, Checked& c, Outbox& out) {
     const Message& m = *c.m;
     if (c.step_time) f.wait->observe_step_time(*c.step_time);
-    // Pull rounds: a pulled learner has answered, whatever the verdict below.
-    if (f.phase == FragmentState::Phase::pulling && f.pulled.contains(m.learner)) f.answered.insert(m.learner);
+    // Pull rounds: a pulled learner has answered, whatever the verdict below;
+    // how long it took (a late answer, from the pull it answers) sets the time-out.
+    const bool pulled_now = f.phase == FragmentState::Phase::pulling && f.pulled.contains(m.learner);
+    if (f.overdue.erase(m.learner) != 0)
+      f.answer_seconds.add(std::chrono::duration<double>(c.now - f.overdue_since).count());
+    else if (pulled_now && !f.answered.contains(m.learner))
+      f.answer_seconds.add(std::chrono::duration<double>(c.now - f.pulled_at).count());
+    if (pulled_now) f.answered.insert(m.learner);
     auto& last = f.last_sequence[m.learner];
     if (m.sequence <= last) {
       ++f.rejected_duplicate;
@@ -1943,6 +2002,10 @@ class Syncer {
       const std::size_t from = out.size();
       out.push_back({m.learner, global_message(p, f, m.learner, MessageType::global_fragment)});
       count_out(out, from);
+      {
+        std::unique_lock lock(members_mutex_);
+        if (auto it = learners_.find(m.learner); it != learners_.end()) note_sent(it->second, p, f.version, it->second.step);
+      }
       return false;
     }
     if (const auto why = check_claims(p, m)) {
@@ -2207,6 +2270,7 @@ class Syncer {
         auto& l = learners_.at(id);
         if (l.receipt_step.size() != fragments_.size()) l.receipt_step.assign(fragments_.size(), 0);
         l.receipt_step[p] = l.step;
+        note_sent(l, p, f.version, l.step);
       }
     }
     f.accepted_from.clear();
@@ -2353,6 +2417,12 @@ class Syncer {
       f.wake = timeout;
       return false;
     }
+    if (waiting_for_answers) {  // timed out: their answers, when they come, still measure the wait
+      f.overdue.clear();
+      for (LearnerId id : f.pulled)
+        if (!f.answered.contains(id)) f.overdue.emplace(id, false);
+      f.overdue_since = f.pulled_at;
+    }
     if (f.contributors.empty()) {  // nothing accepted: no merge, the global stays
       std::unique_lock lock(members_mutex_);
       ++counters_.pull_rounds_empty;
@@ -2381,9 +2451,18 @@ class Syncer {
     f.answered.clear();
     {
       std::unique_lock lock(members_mutex_);
-      for (const auto& [id, l] : learners_)
+      for (const auto& [id, l] : learners_) {
         // (One whose late answer to the previous round is already in the accumulator is not asked again.)
-        if (eligible(l, f.round_step) && has_progress(l, p) && !f.contributors.contains(id)) f.pulled.insert(id);
+        if (!eligible(l, f.round_step) || !has_progress(l, p) || f.contributors.contains(id)) continue;
+        // Nor is one whose answer to the pull that timed out is on its way: a second answer
+        // from the same base, merged after the first, would be stale. Skipped once (an answer
+        // that was lost is asked for again in the round after).
+        if (auto it = f.overdue.find(id); it != f.overdue.end() && !it->second) {
+          it->second = true;
+          continue;
+        }
+        f.pulled.insert(id);
+      }
       counters_.pulls_sent += f.pulled.size();
     }
     const std::size_t from = out.size();
@@ -2395,6 +2474,11 @@ class Syncer {
       m.fragment = static_cast<std::uint32_t>(p);
       m.version = f.version;
       m.step = f.round_step;
+      // The oldest base an answer can be anchored at (stale()): a learner on an
+      // older one waits for the global on its way before it answers.
+      // (0: not stated, when answers are not anchored.)
+      if (config_.anchor_versions > 0)
+        m.tokens = static_cast<std::int64_t>(f.previous.empty() ? f.version : f.previous.front().first);
       out.push_back({id, std::move(m)});
     }
     count_out(out, from);
@@ -2408,9 +2492,10 @@ class Syncer {
     f.answered.clear();
   }
 
-  /// SyncerConfig::pull_timeout, or 2 (tau + 1) inner steps as measured from
-  /// the learners' step counters (quorum.deadline until one is measured).
-  Duration pull_timeout(const FragmentState&) const {
+  /// SyncerConfig::pull_timeout, or twice the larger of (tau + 1) inner steps
+  /// as measured from the learners' step counters and fragment p's measured
+  /// pull-to-answer time (quorum.deadline until a step time is measured).
+  Duration pull_timeout(const FragmentState& f) const {
     if (config_.pull_timeout > Duration{0}) return config_.pull_timeout;
     const Duration deadline = config_.quorum.deadline;
     double step = 0.0;
@@ -2419,7 +2504,8 @@ class Syncer {
       if (step_seconds_.has_value()) step = step_seconds_.value();
     }
     if (!(step > 0.0)) return deadline;
-    const double t = 2.0 * static_cast<double>(config_.quorum.overlap + 1) * step;
+    const double answer = f.answer_seconds.has_value() ? f.answer_seconds.value() : 0.0;
+    const double t = 2.0 * std::max(static_cast<double>(config_.quorum.overlap + 1) * step, answer);
     if (t >= std::chrono::duration<double>(deadline).count()) return deadline;
     return std::max<Duration>(std::chrono::milliseconds(1),
                               std::chrono::duration_cast<Duration>(std::chrono::duration<double>(t)));

@@ -126,7 +126,7 @@ def syncer_parser(sub=None) -> argparse.ArgumentParser:
                    help="pull: the paper's round, the syncer pulls each fragment at its slot (default); push: "
                         "learners send at their own slots (learners must use the same --round)")
     a.add_argument("--pull-timeout-ms", metavar="MS", type=_count(0), default=0,
-                   help="pull rounds: longest wait for a round's answers, milliseconds (0: 2 (tau + 1) measured steps)")
+                   help="pull rounds: longest wait for a round's answers, milliseconds (0: twice the larger of (tau + 1) measured steps and the pull-to-answer time)")
     a.add_argument("--overlap", metavar="TAU", type=_count(0), default=2, help="tau: steps from a send to the application of its "
                                                                  "result (< --sync-every)")
     a.add_argument("--quorum", metavar="K", type=_count(1), default=1, help="K: minimum distinct contributions before a merge")

@@ -466,6 +466,7 @@ class LearnerCore {
     d["rejoins"] = s.rejoins;
     d["round"] = pull_ ? "pull" : "push";
     d["pulls"] = s.pulls;
+    d["pulls_deferred_steps"] = s.pulls_deferred_steps;
     d["metadata_sent"] = s.metadata_sent;
     d["bytes_sent"] = s.bytes_sent;
     std::vector<std::uint64_t> versions;

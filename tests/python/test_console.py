@@ -115,8 +115,10 @@ def test_console_syncer_serves_checkpoints_on_sigterm_and_resumes(tmp_path):
                         and learner.status()["applies"] >= 2):
                     break
                 assert time.monotonic() < deadline, f"no merges of both fragments within {BOUND_S} s: {st}"
+            ls = learner.status()
         assert int(st["merges"]) >= 4 and int(st["accepted"]) >= 4 and st["rejected"] == "0", \
-            " ".join(f"{k}={v}" for k, v in st.items() if k.startswith("rejected") and v != "0")
+            " ".join([f"{k}={v}" for k, v in st.items() if k.startswith("rejected") and v != "0"] +
+                     [f"learner {k}={ls[k]}" for k in ("step", "pulls", "pulls_deferred_steps", "applies", "sends")])
         console.wait_for(r"^status: alive \d+/\d+ merges [1-9]")  # the progress lines show it too
         assert console.stop(signal.SIGTERM) == 0
         out = "\n".join(console.lines)

@@ -458,6 +458,8 @@ class LearnerMetrics {
     payload_ = total("contribution_bytes_total", "Payload bytes of the messages this learner sent.");
     pulls_ = total("pulls_total", "Pull requests received from the syncer (pull rounds).");
     metadata_ = total("metadata_sent_total", "Metadata messages sent (pull rounds: one per inner step).");
+    deferred_ = total("pull_deferred_steps_total",
+                      "Steps a pull's answer waited for a global on its way (its base older than the syncer anchors at).");
     auto hist = [&](const char* name, const char* help) {
       const auto b = staleness_bounds();
       return TotalHistogram(histogram_family(r, std::string("ddiloco_learner_") + name, help).Add(labels_, b),
@@ -500,6 +502,7 @@ class LearnerMetrics {
     payload_.set(s.bytes_sent);
     pulls_.set(s.pulls);
     metadata_.set(s.metadata_sent);
+    deferred_.set(s.pulls_deferred_steps);
     staleness_.set(s.staleness_versions);
     delay_.set(s.apply_delay_steps);
   }
@@ -509,7 +512,7 @@ class LearnerMetrics {
   prometheus::Labels labels_;
   std::optional<detail::TransportSeries> transport_;  ///< registered at the first update with transport counters
   detail::TotalCounter steps_, tokens_, sends_, send_failures_, applies_, late_applies_, received_, ignored_,
-      heartbeats_, payload_, rejoins_, pulls_, metadata_;
+      heartbeats_, payload_, rejoins_, pulls_, metadata_, deferred_;
   detail::TotalHistogram staleness_, delay_;
 };
 
