@@ -51,6 +51,14 @@ inline Message control_message(const Plan& plan, MessageType type, LearnerId id,
   return m;
 }
 
+/// Pull rounds: learner `id`'s metadata after its inner step `step`, 10 tokens a step.
+inline Message metadata_message(const Plan& plan, LearnerId id, std::uint64_t step) {
+  Message m = control_message(plan, MessageType::metadata, id);
+  m.step = step;
+  m.tokens = static_cast<std::int64_t>(step * 10);
+  return m;
+}
+
 /// A join of learner `id` with nonce `nonce` that states no schedule and no batch.
 inline Message join_message(const Plan& plan, LearnerId id, std::uint64_t nonce) {
   return control_message(plan, MessageType::join, id, nonce);

@@ -1383,14 +1383,21 @@ TEST_CASE("Finite values near the float limit are not counted non_finite, decode
   }
 }
 
+namespace {
+/// Pull rounds with sync_every = H, tau = 1, no grace window.
+void pull_rounds(SyncerConfig& c, std::size_t h) {
+  c.quorum.grace = false;
+  c.round = RoundMode::pull;
+  c.sync_every = h;
+  c.quorum.overlap = 1;
+}
+}  // namespace
+
 TEST_CASE("Pull rounds: a round whose every pulled learner answered with a refused contribution closes at once, "
           "not at its pull time-out",
           "[syncer][pull]") {
   Rig r;
-  r.config.quorum.grace = false;
-  r.config.round = RoundMode::pull;
-  r.config.sync_every = 2;
-  r.config.quorum.overlap = 1;
+  pull_rounds(r.config, 2);
   r.config.pull_timeout = 10s;
   Syncer<> s(r.plan, r.init, r.clock, r.config);
   r.join(s, 1);
@@ -1399,14 +1406,8 @@ TEST_CASE("Pull rounds: a round whose every pulled learner answered with a refus
   std::optional<Message> pull;
   for (std::uint64_t step = 1; step <= 4 && !pull; ++step) {
     r.out.clear();
-    Message meta;
-    meta.type = MessageType::metadata;
-    meta.fingerprint = r.plan.fingerprint();
-    meta.learner = 1;
-    meta.step = step;
-    meta.tokens = static_cast<std::int64_t>(step * 10);
     r.clock.advance(1ms);
-    s.handle(meta, r.out);
+    s.handle(test::metadata_message(r.plan, 1, step), r.out);
     for (const auto& o : r.out)
       if (o.message.type == MessageType::pull) pull = o.message;
   }
@@ -1430,10 +1431,7 @@ TEST_CASE("Pull rounds: an answer's steps are bounded by the learner's steps sin
           "it, not by the push-era ceiling, so a learner that outran the merge round trip is not refused",
           "[syncer][pull]") {
   Rig r;
-  r.config.quorum.grace = false;
-  r.config.round = RoundMode::pull;
-  r.config.sync_every = 2;
-  r.config.quorum.overlap = 1;
+  pull_rounds(r.config, 2);
   r.config.max_staleness = 1;  // the push ceiling H x (max_staleness + 1) = 4 steps
   r.config.pull_timeout = 10s;
   Syncer<> s(r.plan, r.init, r.clock, r.config);
@@ -1443,12 +1441,9 @@ TEST_CASE("Pull rounds: an answer's steps are bounded by the learner's steps sin
   auto metadata_to = [&](std::uint64_t last) {
     for (; step < last;) {
       ++step;
-      Message meta = test::control_message(r.plan, MessageType::metadata, 1, 0);
-      meta.step = step;
-      meta.tokens = static_cast<std::int64_t>(step * 10);
       r.out.clear();
       r.clock.advance(1ms);
-      s.handle(meta, r.out);
+      s.handle(test::metadata_message(r.plan, 1, step), r.out);
       for (const auto& o : r.out)
         if (o.message.type == MessageType::pull) pulls.push_back(o.message);
     }
@@ -1478,10 +1473,8 @@ TEST_CASE("Pull rounds: the derived pull time-out learns the time a pull takes t
           "than a few inner steps does not time out every round",
           "[syncer][pull]") {
   Rig r;
-  r.config.quorum.grace = false;
-  r.config.round = RoundMode::pull;
-  r.config.sync_every = 16;     // two fragments: a slot every 8 steps
-  r.config.quorum.overlap = 1;  // 2 (tau + 1) steps of 1 ms: 4 ms, a pull takes 10 ms to be answered
+  pull_rounds(r.config, 16);  // two fragments: a slot every 8 steps; 2 (tau + 1) steps of 1 ms = 4 ms,
+                              // and a pull takes 10 ms to be answered
   Syncer<> s(r.plan, r.init, r.clock, r.config);
   r.join(s, 1);
   constexpr auto kAnswerDelay = 10ms;
@@ -1491,10 +1484,7 @@ TEST_CASE("Pull rounds: the derived pull time-out learns the time a pull takes t
   for (std::uint64_t step = 1; step <= 400; ++step) {
     r.clock.advance(1ms);
     r.out.clear();
-    Message meta = test::control_message(r.plan, MessageType::metadata, 1, 0);
-    meta.step = step;
-    meta.tokens = static_cast<std::int64_t>(step * 10);
-    s.handle(meta, r.out);
+    s.handle(test::metadata_message(r.plan, 1, step), r.out);
     s.tick(r.out);
     for (const auto& o : r.out)
       if (o.message.type == MessageType::pull) due.emplace_back(r.clock.now() + kAnswerDelay, o.message);
