@@ -49,7 +49,6 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -393,15 +392,14 @@ class OuterLoop {
       // trip), so the answer waits until it is applied, at most H steps (a
       // global lost on the way: the stale answer makes the syncer send it again).
       for (std::size_t i = 0; i < pulls_.size() && !rejoining_;) {
-        const auto& pf = frags_[pulls_[i]];
+        auto& pf = frags_[pulls_[i]];
         if (pf.base_version < pf.pull_floor && step_ - pf.pulled_at_step <= config_.sync_every) {
           ++status_.pulls_deferred_steps;
           ++i;
           continue;
         }
         if (send_fragment(pulls_[i], params)) {
-          auto& af = frags_[pulls_[i]];
-          af.answer = std::array<std::uint64_t, 3>{af.pulled_round ? af.pulled_round->second : 0, af.base_version, step_};
+          pf.answer = typename FragmentState::Answer{pf.pulled_round ? pf.pulled_round->second : 0, pf.base_version, step_};
           report.sent = pulls_[i];
           pulls_.erase(pulls_.begin() + static_cast<std::ptrdiff_t>(i));
         } else {
@@ -517,9 +515,13 @@ class OuterLoop {
     /// pull's `tokens`; 0: not stated), and this learner's step when the pull came.
     std::uint64_t pull_floor = 0;
     std::uint64_t pulled_at_step = 0;
-    /// Pull rounds: the last answer sent, as (the pull's version, this
-    /// learner's base version, its step then).
-    std::optional<std::array<std::uint64_t, 3>> answer;
+    /// Pull rounds: the last answer sent.
+    struct Answer {
+      std::uint64_t pull_version = 0;  ///< the version the pull it answered named
+      std::uint64_t base_version = 0;  ///< this learner's base then
+      std::uint64_t step = 0;          ///< its step then
+    };
+    std::optional<Answer> answer;
 
     [[nodiscard]] bool has_newer() const noexcept { return latest && latest_version > base_version; }
   };
@@ -673,8 +675,8 @@ class OuterLoop {
       // reached it, and will count it when it does. A second answer from
       // that base, merged after the first, would be stale. (Later than H
       // steps, the answer may have been lost: answered again.)
-      if (f.answer && (*f.answer)[0] == m.version && (*f.answer)[1] == f.base_version &&
-          step_ - (*f.answer)[2] <= config_.sync_every) {
+      if (f.answer && f.answer->pull_version == m.version && f.answer->base_version == f.base_version &&
+          step_ - f.answer->step <= config_.sync_every) {
         ++status_.ignored;
         return;
       }
