@@ -23,7 +23,7 @@
 //
 // Usage: chaos_demo [--steps N] [--seed S] [--quick] [--m16] [--out DIR] [--H H] [--eval-examples E]
 //                   [--step-ms MS] [--outer-lr LR] [--momentum MU] [--only TEXT] [--fortunes DIR]
-//                   [--clip-factor C] [--weight-cap-factor W]
+//                   [--clip-factor C] [--weight-cap-factor W] [--shards contiguous|interleaved]
 // Writes DIR/results.csv, DIR/curves.csv and DIR/results.md (default DIR = results/chaos);
 // examples/plot_chaos.py draws DIR/loss_vs_time.png from them.
 #include <Eigen/Core>
@@ -75,6 +75,10 @@ struct Args {
   std::string fortunes = ref::default_fortune_dir().string();
   bool quick = false;
   bool m16 = false;  ///< also run (d) at M = 16 with four 2x stragglers, push and pull
+  /// Target positions per block of the data shards (ref::Shard::block): learner m trains on
+  /// blocks j with j mod M = m, spread over the whole corpus; 0: contiguous ranges (each learner
+  /// on the fortune files of its range).
+  std::size_t shard_block = 0;
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -82,7 +86,7 @@ struct Args {
                "chaos_demo: %s\n"
                "usage: chaos_demo [--steps N] [--seed S] [--quick] [--m16] [--out DIR] [--H H] [--eval-examples E]\n"
                "                  [--step-ms MS] [--outer-lr LR] [--momentum MU] [--only TEXT] [--fortunes DIR]\n"
-               "                  [--clip-factor C] [--weight-cap-factor W]\n"
+               "                  [--clip-factor C] [--weight-cap-factor W] [--shards contiguous|interleaved]\n"
                "  --steps N      inner steps per learner, the budget of every row (default 1200; --quick: 4 H)\n"
                "  --seed S       seed of the model, the data order and the fault tape (default 1)\n"
                "  --quick        a smoke run: 4 H steps, 512 validation examples\n"
@@ -95,7 +99,9 @@ struct Args {
                "  --outer-lr LR, --momentum MU  outer Nesterov of every Nesterov row (default 0.7, 0.9)\n"
                "  --only TEXT    run only the rows whose \"label / round / M / tape\" contains TEXT\n"
                "  --fortunes DIR the fortunes corpus (default: the distribution's)\n"
-               "  --clip-factor C, --weight-cap-factor W  the syncer's admission bounds (0: off)\n",
+               "  --clip-factor C, --weight-cap-factor W  the syncer's admission bounds (0: off)\n"
+               "  --shards contiguous|interleaved  data shards: one range of the corpus per learner, or\n"
+               "                 blocks of 4096 characters dealt round-robin (default contiguous)\n",
                why);
   std::exit(2);
 }
@@ -127,6 +133,12 @@ Args parse(int argc, char** argv) {
     }
     if (flag == "--only") {
       a.only = value;
+      continue;
+    }
+    if (flag == "--shards") {
+      const std::string_view v = value;
+      if (v != "contiguous" && v != "interleaved") usage("--shards takes contiguous or interleaved");
+      a.shard_block = v == "interleaved" ? 4096 : 0;
       continue;
     }
     if (flag == "--steps") {
@@ -354,7 +366,7 @@ Row run(Context& ctx, const Method& m, Tape tape, Opt opt) {
     // Every learner starts from the same initial parameters (the seed); a restarted learner gets
     // them from the syncer at its join, and a new data order (seed + incarnation).
     c.seed = base.seed + incarnation;
-    return std::make_unique<Learner>(c, train, ref::Shard{id, m.learners}, &tokens);
+    return std::make_unique<Learner>(c, train, ref::Shard{id, m.learners, ctx.args.shard_block}, &tokens);
   };
   std::printf("run %s: M=%zu P=%zu H=%zu tau=%zu %s K=%zu%s, %s rounds\n", name.c_str(), m.learners, m.fragments,
               m.sync_every, m.overlap, m.lock_step ? "lock-step" : "non-blocking", m.quorum, m.grace ? " + grace" : "",
@@ -579,6 +591,11 @@ int main(int argc, char** argv) {
                 kLearners, P, ctx.corpus.train.size(), ctx.corpus.validation.size());
     std::printf("budget: %zu inner steps per learner = %zu tokens in all, every method; batch %zu; H = %zu\n", a.steps,
                 kLearners * a.steps * ctx.trainer.batch_size, ctx.trainer.batch_size, H);
+    if (a.shard_block == 0)
+      std::printf("data: each learner on one contiguous range of the training stream (its own fortune files)\n");
+    else
+      std::printf("data: blocks of %zu characters dealt round-robin, each learner's shard spread over the whole corpus\n",
+                  a.shard_block);
     std::printf("time: SIMULATED cluster time (virtual clock, one inner step = %.0f ms x slowdown, real compute);\n"
                 "      deterministic and independent of this machine's load. Real seconds are printed too.\n",
                 a.step_ms);

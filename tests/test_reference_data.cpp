@@ -279,6 +279,39 @@ TEST_CASE("Batches hold the context window before each target and stay inside th
   CHECK(ranges[M - 1].second <= stream.size());
 }
 
+TEST_CASE("Interleaved shards deal blocks round-robin: disjoint, together covering the stream", "[reference][data]") {
+  constexpr std::size_t C = 3, M = 3, B = 7;
+  ref::TokenStream stream(C + 10 * M * B + 5);  // 10 rounds of blocks plus an incomplete one
+  std::iota(stream.begin(), stream.end(), ref::Token{0});
+  std::vector<ref::BatchSampler> samplers;
+  for (std::size_t m = 0; m < M; ++m) samplers.emplace_back(stream, C, 256, 9, ref::Shard{m, M, B});
+  // Every target position of the 10 full rounds belongs to exactly one shard, the one that owns its block.
+  for (std::size_t i = C; i < C + 10 * M * B; ++i) {
+    std::size_t owners = 0;
+    for (std::size_t m = 0; m < M; ++m) owners += samplers[m].owns(i) ? 1 : 0;
+    CHECK(owners == 1);
+    CHECK(samplers[((i - C) / B) % M].owns(i));
+  }
+  for (std::size_t i = C + 10 * M * B; i < stream.size(); ++i)  // the incomplete round is left out
+    for (const auto& s : samplers) CHECK_FALSE(s.owns(i));
+  // Draws stay in the shard and reach every one of its blocks (the whole corpus, not one range).
+  for (std::size_t m = 0; m < M; ++m) {
+    std::set<std::size_t> blocks;
+    for (int round = 0; round < 8; ++round) {
+      const auto batch = samplers[m].next();
+      for (std::size_t b = 0; b < batch.size; ++b) {
+        const std::size_t target = batch.targets[b];
+        REQUIRE(samplers[m].owns(target));
+        for (std::size_t c = 0; c < C; ++c) CHECK(batch.contexts[b * C + c] == target - C + c);
+        blocks.insert((target - C) / B);
+      }
+    }
+    CHECK(blocks.size() == 10);
+  }
+  CHECK_THROWS_WITH(ref::BatchSampler(stream, C, 16, 1, ref::Shard{0, M, 1000}),
+                    Catch::Contains("of blocks of 1000"));
+}
+
 TEST_CASE("Batch sampling is a function of the seed and the shard", "[reference][data]") {
   ref::TokenStream stream(5000);
   std::iota(stream.begin(), stream.end(), ref::Token{0});

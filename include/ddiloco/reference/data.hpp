@@ -456,10 +456,15 @@ struct Batch {
   std::vector<Token> targets;
 };
 
-/// Learner `index` of `count`.
+/// Learner `index` of `count`. `block` = 0: the shards are contiguous ranges of the stream (a
+/// learner sees only the documents of its range: for a corpus concatenated by topic, its own
+/// topics). `block` > 0: the stream is cut into blocks of `block` target positions and block j
+/// belongs to learner j mod count, so every shard is drawn from the whole corpus (disjoint, the
+/// same distribution: the usual data-parallel split).
 struct Shard {
   std::size_t index = 0;
   std::size_t count = 1;
+  std::size_t block = 0;
 };
 
 /// Fills `out` with the examples whose targets are at `positions` (each >= context).
@@ -504,7 +509,9 @@ inline std::vector<std::size_t> evaluation_positions(std::size_t stream_size, st
 ///
 /// Sharding: the target positions [context, n) are cut into `shard.count` contiguous, equal,
 /// disjoint ranges; learner m only ever predicts targets of range m (its context window may reach
-/// back into the previous range). Positions are drawn uniformly with replacement from the range,
+/// back into the previous range). With `shard.block` > 0 they are cut into blocks of that many
+/// positions instead, dealt round-robin (block j to learner j mod count; the last incomplete
+/// round of blocks is left out). Positions are drawn uniformly with replacement from the shard,
 /// by an Rng seeded with mix_seed(seed, shard.index), so the batches are a deterministic function
 /// of (stream, context, batch size, seed, shard).
 ///
@@ -521,26 +528,43 @@ class BatchSampler {
                                         " is not a shard; use 0 <= index < count"));
     }
     const std::size_t available = stream.size() > context ? stream.size() - context : 0;
-    const std::size_t per_shard = available / shard.count;
+    const std::size_t unit = shard.block == 0 ? 1 : shard.block;  // positions per dealt unit
+    const std::size_t per_shard = shard.block == 0 ? available / shard.count
+                                                   : available / unit / shard.count * unit;
     if (per_shard == 0) {
+      const std::string blocks = shard.block == 0 ? std::string() : detail::msg(" of blocks of ", shard.block);
       throw InvalidArgument(detail::msg("BatchSampler: a stream of ", stream.size(), " tokens with context ",
-                                        context, " has no examples for ", shard.count,
-                                        " shards; use more data or fewer shards"));
+                                        context, " has no examples for ", shard.count, " shards", blocks,
+                                        "; use more data, fewer shards or smaller blocks"));
     }
-    begin_ = context + shard.index * per_shard;
-    end_ = begin_ + per_shard;
+    shard_ = shard;
+    span_ = per_shard;
+    if (shard.block == 0) {
+      begin_ = context + shard.index * per_shard;
+      end_ = begin_ + per_shard;
+    } else {
+      begin_ = position(0);
+      end_ = position(per_shard - 1) + 1;
+    }
   }
 
-  /// First and one-past-last target position of this shard.
+  /// First and one-past-last target position of this shard (with blocks, the shard's positions
+  /// lie in this range but are not all of it: owns()).
   [[nodiscard]] std::size_t begin_position() const { return begin_; }
   [[nodiscard]] std::size_t end_position() const { return end_; }
+  /// True if target position `i` belongs to this shard.
+  [[nodiscard]] bool owns(std::size_t i) const {
+    if (i < begin_ || i >= end_) return false;
+    if (shard_.block == 0) return true;
+    return ((i - context_) / shard_.block) % shard_.count == shard_.index;
+  }
   [[nodiscard]] std::size_t batch_size() const { return batch_size_; }
   [[nodiscard]] std::size_t context() const { return context_; }
 
   /// Draws the next batch into `out` (reusing its storage).
   void next(Batch& out) {
     positions_.resize(batch_size_);
-    for (auto& p : positions_) p = begin_ + rng_.below(end_ - begin_);
+    for (auto& p : positions_) p = position(rng_.below(span_));
     fill_batch(stream_, positions_, context_, out);
   }
 
@@ -555,9 +579,18 @@ class BatchSampler {
   std::size_t context_;
   std::size_t batch_size_;
   Rng rng_;
+  Shard shard_{};
+  std::size_t span_ = 0;  ///< positions in the shard
   std::size_t begin_ = 0;
   std::size_t end_ = 0;
   std::vector<std::size_t> positions_;
+
+  /// The shard's u-th target position, u < span_.
+  [[nodiscard]] std::size_t position(std::size_t u) const {
+    if (shard_.block == 0) return begin_ + u;
+    const std::size_t b = shard_.block;
+    return context_ + ((u / b) * shard_.count + shard_.index) * b + u % b;
+  }
 };
 
 }  // namespace ddiloco::reference
