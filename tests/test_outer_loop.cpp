@@ -1455,6 +1455,42 @@ TEST_CASE("Pull rounds: each fragment is pulled at its slot from every learner w
   CHECK(la.status().pulls == 1);
 }
 
+TEST_CASE("Pull rounds: with apply_every = 3 a global whose time has come waits for the next multiple of 3, in "
+          "step() and in poll(); push rounds refuse apply_every",
+          "[outer_loop][pull]") {
+  Rig r(1024, {}, pull_config(/*tau=*/1));
+  VecParams a = zero_params(), b = zero_params();
+  auto ta = r.net.learner(1), tb = r.net.learner(2);
+  OuterLoopConfig held = pull_learner(1, 1);
+  held.apply_every = 3;
+  Outer la(r.plan, ta, held), lb(r.plan, tb, pull_learner(2, 1));
+  r.join(la, a);
+  r.join(lb, b);
+  std::vector<std::size_t> applied_a, applied_b;  // the steps at which each learner applied a global
+  for (std::size_t s = 1; s <= 12; ++s) {
+    inner_step(a);
+    if (la.step(a, 16).applied > 0) applied_a.push_back(s);
+    inner_step(b);
+    if (lb.step(b, 16).applied > 0) applied_b.push_back(s);
+    r.pump();
+    CHECK(la.poll(a) == 0);  // between steps nothing is applied off the grid either
+  }
+  // Both answered fragment 1's pull (slot 2) at step 3: learner 2 applies at 3 + tau = 4, learner 1 at 6.
+  REQUIRE(!applied_b.empty());
+  CHECK(applied_b.front() == 4);
+  REQUIRE(!applied_a.empty());
+  CHECK(applied_a.front() == 6);
+  for (std::size_t s : applied_a) CHECK(s % 3 == 0);
+  CHECK(la.status().applies == lb.status().applies);  // held, not lost
+  CHECK(la.status().late_applies > 0);
+  OuterLoopConfig push = learner_config(3, 1);
+  push.apply_every = 2;
+  auto t3 = r.net.learner(3);
+  CHECK_THROWS_WITH(Outer(r.plan, t3, push), Catch::Contains("apply_every = 2") && Catch::Contains("pull"));
+  held.apply_every = 0;
+  CHECK_THROWS_WITH(Outer(r.plan, t3, held), Catch::Contains("apply_every = 0"));
+}
+
 TEST_CASE("Pull rounds: learners that joined and never trained are not waited for, so a flood of idle ids costs "
           "no grace window",
           "[outer_loop][pull]") {

@@ -79,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     d.add_argument("--fragments", type=int, default=4, help="P (default: %(default)s)")
     d.add_argument("--sync-every", type=int, default=24, help="H (default: %(default)s)")
     d.add_argument("--overlap", type=int, default=2, help="tau (default: %(default)s)")
+    d.add_argument("--round", choices=["pull", "push"], default="pull",
+                   help="round mode of the syncer and every learner (default: %(default)s)")
     d.add_argument("--outer-lr", type=float, default=0.7, help="(default: %(default)s)")
     d.add_argument("--outer-momentum", type=float, default=0.5, help="(default: %(default)s)")
     o = ap.add_argument_group("running")
@@ -225,7 +227,7 @@ def worker(config_path: str, process: int) -> int:
         t = time.perf_counter()
         kw = dict(endpoint=cfg["endpoint"], id=learner_id, plaintext=True, fragments=cfg["fragments"],
                   sync_every=cfg["sync_every"], overlap=cfg["overlap"], embedding=list(gpt.Gpt.EMBEDDING),
-                  join_timeout=120.0, round=run_round(cfg["group_ranks"]))
+                  join_timeout=120.0, round=cfg["round"])
         if ranks > 1:
             learner = make_group_learner(ddiloco, model, group, rank, kw)
         else:
@@ -311,12 +313,6 @@ def worker(config_path: str, process: int) -> int:
     os._exit(0)
 
 
-def run_round(group_ranks: int) -> str:
-    """The run's round mode: pull (the paper's round), or push when a learner is a group (a group
-    learner runs push rounds only); the syncer and every learner use it."""
-    return "push" if group_ranks > 1 else "pull"
-
-
 def make_group_learner(ddiloco, model, group, rank, kw):
     """The learner of an R-rank group: ddiloco's group API (rank 0 talks to the syncer and broadcasts
     the fragments it applies; every rank applies them at the same inner step)."""
@@ -343,7 +339,7 @@ def write_model(args, model, directory: str, embedding) -> tuple:
 def syncer_command(path: str, args, tensors: str, init: str, bind: str, out: str) -> list:
     return [path, "--bind", bind, "--tensors", tensors, "--init", init, "--fragments", str(args.fragments),
             "--sync-every", str(args.sync_every), "--overlap", str(args.overlap), "--round",
-            run_round(args.group_ranks), "--outer-lr", str(args.outer_lr),
+            args.round, "--outer-lr", str(args.outer_lr),
             "--outer-momentum", str(args.outer_momentum), "--plaintext", "--endpoint-file",
             os.path.join(out, "endpoint.txt"), "--checkpoint-dir", os.path.join(out, "checkpoints"),
             "--checkpoint-every-ms", "600000", "--status-every-ms", "10000",
@@ -397,7 +393,7 @@ def launcher(args) -> int:
     processes = args.learners - 1 + args.group_ranks  # the same count in both modes
     cfg = {k: getattr(args, k) for k in ("mode", "steps", "learners", "group_ranks", "width", "layers", "heads",
                                          "context", "batch", "lr", "warmup", "seed", "eval_every", "eval_batches",
-                                         "fragments", "sync_every", "overlap", "outer_lr", "outer_momentum",
+                                         "fragments", "sync_every", "overlap", "round", "outer_lr", "outer_momentum",
                                          "log_every", "sgemm", "sched")}
     cfg.update(out=out, processes=processes, ddp_port=free_port(), group_port=free_port(), numel=numel)
     print(f"train_gpt: {args.mode}, {processes} processes, {numel} parameters, {args.steps} steps x {args.batch} x "

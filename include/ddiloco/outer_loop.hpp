@@ -104,6 +104,13 @@ struct OuterLoopConfig {
   /// the next step boundary; the global is applied tau steps after the answer
   /// (or on arrival, if later; at once if this learner was not pulled).
   RoundMode round = RoundMode::push;
+  /// Pull rounds: globals are applied only at steps that are multiples of
+  /// this (1: at any step); one whose time has come waits for the next such
+  /// step, at most apply_every - 1 steps. What a group learner needs: its ranks
+  /// must apply each global at the same step, and they communicate only at
+  /// those steps (ddiloco.GroupLearner). Push rounds: must be 1 (their apply
+  /// steps follow the schedule).
+  std::size_t apply_every = 1;
 };
 
 /// One global fragment a step applied: which, its version, and the values
@@ -540,6 +547,12 @@ class OuterLoop {
     if (c.join_retry <= Duration{0} || c.lock_step_timeout <= Duration{0} || c.heartbeat_interval <= Duration{0})
       throw InvalidArgument("OuterLoopConfig: join_retry, lock_step_timeout and heartbeat_interval must be > 0");
     if (plan.num_fragments() == 0) throw InvalidArgument("OuterLoop: the plan has no fragments");
+    if (c.apply_every == 0)
+      throw InvalidArgument("OuterLoopConfig::apply_every = 0 must be >= 1 (1: apply a global at any step)");
+    if (c.apply_every != 1 && c.round != RoundMode::pull)
+      throw InvalidArgument(detail::msg("OuterLoopConfig::apply_every = ", c.apply_every,
+                                        " needs pull rounds (push rounds apply at their schedule's steps); "
+                                        "use apply_every = 1 or round = pull"));
     if (c.tokens_per_step > (std::uint64_t{1} << 40))
       throw InvalidArgument(detail::msg("OuterLoopConfig::tokens_per_step = ", c.tokens_per_step,
                                         " is above 2^40; declare the batch in tokens of one inner step, or 0"));
@@ -788,6 +801,7 @@ class OuterLoop {
   /// Applies every pending fragment whose time has come and whose result is here.
   std::size_t apply_due(std::span<T> params, StepReport& report, bool may_block = true) {
     std::size_t applied = 0;
+    if (step_ % config_.apply_every != 0) return 0;  // pull rounds: held until a step that may apply
     for (std::size_t p : arrived_) {  // pull rounds only (on_message)
       auto& f = frags_[p];
       if (f.sent_at || !f.has_newer()) continue;  // an answer is out: applied at answer + tau below

@@ -47,6 +47,7 @@ class LearnerOptions:
     server_key: str
     staging: str
     round: str
+    apply_every: int
     def __init__(self) -> None: ...
 
 class StepReport:

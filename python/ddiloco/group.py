@@ -4,10 +4,12 @@ The ranks hold replicated parameters (data parallel inside the learner, e.g.
 DDP, whose all-reduced gradients keep them equal). One rank, the leader, holds
 the learner (ddiloco.Learner: the OuterLoop and the connection to the syncer);
 the others hold a ddiloco._core.FollowerCore (the same plan, no connection).
-Every rank calls step() after every inner step. At a step that may apply (a
-send awaiting its global, from send + tau on: every rank knows these from the
-schedule, which sends at each due step, and from the previous header, which
-says which sends the leader really made) the leader steps its learner and
+Every rank calls step() after every inner step. At a step that may apply (push
+rounds: a send awaiting its global, from send + tau on: every rank knows these
+from the schedule, which sends at each due step, and from the previous header,
+which says which sends the leader really made; pull rounds: the multiples of
+apply_every, the only steps at which the leader's OuterLoop applies a global,
+since a pull may come and a global arrive at any step) the leader steps its learner and
 broadcasts over the group which globals it applied and which sends still
 await theirs, then the values, and every other rank applies them with the
 leader's arithmetic (the C++ FragmentApplier) in the same step: the ranks stay
@@ -30,6 +32,7 @@ from .learner import Learner, StepReport, _copy_in, _copy_out
 
 _WHO = "ddiloco.GroupLearner"
 _TOKEN_COUNTS = ("sum", "leader")
+_ROUNDS = ("pull", "push")
 # The header the leader broadcasts at each step that may apply: [count applied (-1: the leader failed), sent
 # (-1: none), waited, fragment ids (P slots), versions (P slots), the step of each fragment's send awaiting
 # its global (P slots, -1: none)].
@@ -81,9 +84,14 @@ class GroupLearner:
     the next step that communicates; every send is one); ``"leader"``: the
     leader's argument is the group's total and the others' are ignored.
 
+    ``round``: 'pull' (default) or 'push', as ``ddiloco.Learner``. In pull
+    rounds ``apply_every`` (default H / P, at least 1): globals are applied, and
+    the ranks communicate, only at the steps that are multiples of it (a global
+    waits at most apply_every - 1 steps for one).
+
     The other keywords are ``ddiloco.Learner``'s; every rank must pass the same
-    ``fragments``, ``alpha``, ``sync_every``, ``overlap`` and ``embedding``
-    (checked at creation). Set the group's timeout
+    ``fragments``, ``alpha``, ``sync_every``, ``overlap``, ``round``,
+    ``apply_every`` and ``embedding`` (checked at creation). Set the group's timeout
     (``init_process_group(timeout=...)``) above ``join_timeout`` and, in
     lock-step mode, above ``lock_step_timeout``: the other ranks wait in a
     collective while the leader joins or waits. A collective that fails (a
@@ -103,11 +111,17 @@ class GroupLearner:
         if token_count not in _TOKEN_COUNTS:
             raise _error(_core.InvalidArgument, f"token_count = {token_count!r} must be 'sum' (each rank passes its "
                          "own tokens; the group's sum is accounted) or 'leader' (the leader passes the group's)")
-        # The group's ranks communicate at the steps its schedule may send or apply at (push rounds):
-        # in pull rounds any step may answer a pull or apply a global, which this does not follow yet.
-        if learner_keywords.setdefault("round", "push") != "push":
-            raise _error(_core.InvalidArgument, f"round = {learner_keywords['round']!r}: a group learner runs push "
-                         "rounds only; pass round='push' and run the syncer with round='push' (--round push)")
+        # Push rounds: the ranks communicate at the steps the schedule may apply at. Pull rounds: a global
+        # may arrive at any step, so the leader applies globals only at multiples of apply_every
+        # (OuterLoopConfig::apply_every) and the ranks communicate there.
+        signature = inspect.signature(Learner.__init__).parameters
+        round_mode = learner_keywords.get("round", signature["round"].default)
+        if round_mode not in _ROUNDS:
+            raise _error(_core.InvalidArgument, f"round = {round_mode!r} must be 'pull' (the default) or 'push'")
+        self._pull = round_mode == "pull"
+        if "apply_every" in learner_keywords and not self._pull:
+            raise _error(_core.InvalidArgument, f"apply_every = {learner_keywords['apply_every']!r} needs "
+                         "round='pull' (push rounds apply at their schedule's steps); leave it out")
         self.group = group
         self.group_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -141,7 +155,17 @@ class GroupLearner:
         names, tensors, modules = named_parameters(model, _WHO)
         self.names = names
         self.parameters = tensors
-        signature = inspect.signature(Learner.__init__).parameters
+        if self._pull:
+            every = learner_keywords.get("apply_every")
+            if every is None:  # one communicating step per slot of the schedule: H / P steps apart
+                h = learner_keywords.get("sync_every", signature["sync_every"].default)
+                p_count = default_fragments(learner_keywords.get("fragments"), len(names))
+                every = max(1, h // p_count) if isinstance(h, int) and isinstance(p_count, int) and p_count > 0 else 1
+            if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+                raise _error(_core.InvalidArgument, f"apply_every = {every!r} must be an int >= 1: the ranks apply "
+                             "globals (and communicate) only at the steps that are multiples of it")
+            learner_keywords["apply_every"] = every
+        self._apply_every = learner_keywords.get("apply_every", 1)
         alpha = learner_keywords.get("alpha", signature["alpha"].default)
         sync_every = learner_keywords.get("sync_every", signature["sync_every"].default)
         overlap = learner_keywords.get("overlap", signature["overlap"].default)
@@ -172,7 +196,7 @@ class GroupLearner:
         mine = torch.tensor([0 if failure else 1, _signed64(plan["fingerprint"]) if plan else 0,
                              _float_bits(float(alpha)) if numbers else 0, _TOKEN_COUNTS.index(token_count), leader,
                              plan["numel"] if plan else 0, int(sync_every) if numbers else 0,
-                             int(overlap) if numbers else 0],
+                             int(overlap) if numbers else 0, _ROUNDS.index(round_mode), self._apply_every],
                             dtype=torch.int64, device=self._device)
         everyone = [torch.empty_like(mine) for _ in range(self.group_size)]
         self._collective(lambda: dist.all_gather(everyone, mine, group=group), "the creation check")
@@ -195,8 +219,10 @@ class GroupLearner:
                          f"alpha bits {rows[r][2]} vs {rows[leader][2]}, token_count "
                          f"{_TOKEN_COUNTS[rows[r][3]]!r} vs {_TOKEN_COUNTS[rows[leader][3]]!r}, leader {rows[r][4]} "
                          f"vs {rows[leader][4]}, sync_every {rows[r][6]} vs {rows[leader][6]}, overlap {rows[r][7]} "
-                         f"vs {rows[leader][7]}; create it on every rank from the same model with the same "
-                         "fragments=, alpha=, embedding=, sync_every=, overlap=, token_count= and leader=")
+                         f"vs {rows[leader][7]}, round {_ROUNDS[rows[r][8]]!r} vs {_ROUNDS[rows[leader][8]]!r}, "
+                         f"apply_every {rows[r][9]} vs {rows[leader][9]}; create it on every rank from the same model "
+                         "with the same fragments=, alpha=, embedding=, sync_every=, overlap=, round=, apply_every=, "
+                         "token_count= and leader=")
         self.plan = plan
         numels = plan["fragment_numel"]
         count = len(numels)
@@ -316,6 +342,8 @@ class GroupLearner:
         self._step += 1
         t = self._step
         self._own_tokens += tokens
+        if self._pull:
+            return self._pull_step(t, tokens)
         due = self._due_at(t)
         if due is not None and self._token_count == "sum":
             # A step that may send: the contribution carries the group's tokens up to this step.
@@ -343,14 +371,41 @@ class GroupLearner:
                 else:
                     self._pending[report.sent] = t
             return report
+        # The fragments whose send + tau has come may be applied here.
+        return self._communicate(t, tokens, sorted(f for f, at in self._sent_at.items() if at + self._overlap <= t))
+
+    def _pull_step(self, t: int, tokens: int) -> StepReport:
+        """Pull rounds: the leader answers pulls and sends metadata at every step, alone; globals are applied
+        only at the multiples of apply_every, where every rank communicates (any fragment may be applied)."""
+        at_grid = t % self._apply_every == 0
+        if at_grid and self._token_count == "sum":
+            tokens = self._sum_tokens(tokens)  # the group's tokens up to this step
+        elif not self.is_leader:
+            self._unsent_tokens += tokens
+        if at_grid:
+            return self._communicate(t, tokens, range(self._count))
+        if not self.is_leader:
+            return self._nothing
+        report = self._learner.step(tokens)
+        if report.applied:
+            self._down = f"the leader's step {t} applied {report.applied} off the apply_every grid"
+            self._close_learner()
+            raise _error(_core.StateError, f"rank {self.rank}: {self._down}; this is a bug in ddiloco: please "
+                         "report it with the learner's keywords")
+        return report
+
+    def _communicate(self, t: int, tokens: int, fragments) -> StepReport:
+        """A step at which the ranks communicate: the leader steps its learner and broadcasts what it applied
+        (a header, and the values); every rank applies the same globals. `fragments`: those that may be applied
+        here, in order."""
         count = self._count
         numels = self.plan["fragment_numel"]
         # One broadcast for the header and the values when the globals that may be applied here are small
-        # (the fragments whose send + tau has come, each in its own slot; slots of globals not applied carry
-        # nothing): a step then makes one collective, not 1 + applied. Larger ones go after the header.
+        # (each of `fragments` in its own slot; slots of globals not applied carry nothing): a step then makes
+        # one collective, not 1 + applied. Larger ones go after the header.
         slots, total = {}, 0
         if self._device.type == "cpu":
-            for f in sorted(f for f, at in self._sent_at.items() if at + self._overlap <= t):
+            for f in fragments:
                 slots[f] = total
                 total += numels[f]
         fold = bool(slots) and total <= self._fold_floats
@@ -380,7 +435,7 @@ class GroupLearner:
                                          "is a bug in ddiloco: please report it with the learner's keywords")
                         at = slots[fragment]
                         self._learner._core.copy_applied(fragment, folded[at:at + numels[fragment]])
-                if report.sent is not None:
+                if report.sent is not None and not self._pull:  # (pull rounds: answers await nothing)
                     self._pending[report.sent] = t
                 for fragment in applied:
                     self._pending.pop(fragment, None)

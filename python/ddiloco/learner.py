@@ -48,7 +48,8 @@ class Learner:
                  sync_every: int = 24, overlap: int = 2, alpha: float = 0.0, lock_step: bool = False,
                  codec: str = "fp32", error_feedback: bool = False, embedding: EmbeddingRule = None,
                  join_timeout: float = 30.0, join_retry: float = 1.0, heartbeat: float = 1.0,
-                 lock_step_timeout: float = 60.0, staging: str = "auto", round: str = "pull", **unknown):
+                 lock_step_timeout: float = 60.0, staging: str = "auto", round: str = "pull",
+                 apply_every: int = 1, **unknown):
         reject_unknown("ddiloco.Learner", Learner.__init__, unknown)
         names, tensors, modules = named_parameters(model, "ddiloco.Learner")
         flags = embedding_flags(names, tensors, modules, embedding, "ddiloco.Learner")
@@ -62,7 +63,7 @@ class Learner:
             "error_feedback": ("error_feedback", error_feedback), "join_timeout": ("join_timeout_s", join_timeout),
             "join_retry": ("join_retry_s", join_retry), "heartbeat": ("heartbeat_s", heartbeat),
             "lock_step_timeout": ("lock_step_timeout_s", lock_step_timeout), "staging": ("staging", staging),
-            "round": ("round", round)})
+            "round": ("round", round), "apply_every": ("apply_every", apply_every)})
         self.names = names
         self.parameters = tensors
         self._core = _core.LearnerCore(o, names, tensors, flags, torch.float32, _copy_out, _copy_in)

@@ -110,6 +110,8 @@ struct LearnerOptions {
   /// "push" or "pull" (RoundMode; the syncer's must match). The core's default is push, the
   /// mode of a group learner's leader (ddiloco.GroupLearner); ddiloco.Learner defaults to pull.
   std::string round = "push";
+  /// OuterLoopConfig::apply_every: pull rounds apply globals only at multiples of this step.
+  std::size_t apply_every = 1;
 };
 
 /// "pull" / "push" -> RoundMode; anything else names the value and the choices.
@@ -338,6 +340,7 @@ class LearnerCore {
     lc.alpha = o.alpha;
     lc.lock_step = o.lock_step;
     lc.round = round_of(o.round, "ddiloco.Learner");
+    lc.apply_every = o.apply_every;
     pull_ = lc.round == RoundMode::pull;
     lc.join_timeout = seconds(o.join_timeout_s, "join_timeout");
     lc.join_retry = seconds(o.join_retry_s, "join_retry");
@@ -697,7 +700,8 @@ void bind_learner(py::module_& m) {
       .def_readwrite("keys", &LearnerOptions::keys)
       .def_readwrite("server_key", &LearnerOptions::server_key)
       .def_readwrite("staging", &LearnerOptions::staging)
-      .def_readwrite("round", &LearnerOptions::round);
+      .def_readwrite("round", &LearnerOptions::round)
+      .def_readwrite("apply_every", &LearnerOptions::apply_every);
 
   py::class_<StepResult>(m, "StepReport", "What one Learner.step() did")
       .def(py::init([](std::optional<std::size_t> sent, std::vector<std::size_t> applied,

@@ -45,6 +45,8 @@ def main():
     a.add_argument("--timeout", type=float, default=20.0, help="the group's collective timeout, seconds")
     a.add_argument("--overlap", type=int, default=1, help="tau (the syncer's must match)")
     a.add_argument("--lock-step", action="store_true", help="wait at send + tau for the global")
+    a.add_argument("--round", default="push", help="push or pull (the syncer's must match)")
+    a.add_argument("--apply-every", type=int, default=None, help="pull rounds: GroupLearner's apply_every")
     a.add_argument("--fold-floats", type=int, default=None,
                    help="the largest header + values broadcast in one (0: the header and each global apart)")
     args = a.parse_args()
@@ -61,7 +63,8 @@ def main():
     try:
         learner = ddiloco.GroupLearner(model, endpoint=args.endpoint, id=args.id, plaintext=True, fragments=2,
                                        sync_every=8, overlap=args.overlap, lock_step=args.lock_step,
-                                       alpha=args.alpha, join_timeout=15)
+                                       alpha=args.alpha, join_timeout=15, round=args.round,
+                                       **({} if args.apply_every is None else {"apply_every": args.apply_every}))
         if args.fold_floats is not None:
             learner._fold_floats = args.fold_floats  # the test of both ways a step's broadcasts go
         with learner:

@@ -25,7 +25,7 @@ WAIT_S = 60        # the bound of every wait for an event below
 WORKER_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
     [os.path.dirname(os.path.dirname(os.path.abspath(ddiloco.__file__)))] +
     [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-# A group learner runs push rounds only (ddiloco.GroupLearner): the whole run does.
+# Push rounds unless a test says otherwise (test_..._in_pull_rounds_... runs the whole run in pull rounds).
 SYNCER = dict(fragments=2, sync_every=8, overlap=1, outer_lr=0.7, outer_momentum=0.5, round="push")
 # The kill test runs its single learner long after the model has converged: random batches on a noisy task
 # keep every learner's per-step progress of one size, which the syncer's norm-outlier check compares.
@@ -84,14 +84,15 @@ def kill_all(procs):
             p.wait(10)
 
 
-def single_learner(learner_id, endpoint, steps, results, errors, stop=None, progress=None, noise=0.01):
+def single_learner(learner_id, endpoint, steps, results, errors, stop=None, progress=None, noise=0.01,
+                   round="push"):
     """A single-process learner in a thread: `steps` inner steps, or until `stop` is set."""
     try:
         model = model_of()
         x, y = task(100 + learner_id, noise)
         g = batches(100 + learner_id)
         opt = torch.optim.SGD(model.parameters(), lr=LR)
-        with ddiloco.Learner(model, endpoint=endpoint, id=learner_id, **LEARNER) as learner:
+        with ddiloco.Learner(model, endpoint=endpoint, id=learner_id, **dict(LEARNER, round=round)) as learner:
             i = 0
             while (stop is None and i < steps) or (stop is not None and not stop.is_set() and i < steps):
                 inner_step(model, opt, x, y, g)
@@ -180,6 +181,49 @@ def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_
     print(f"group training test: {time.monotonic() - start:.1f} s; loss {initial:.3g} -> {final:.3g} "
           f"(bound {bound:.3g}); {follower['applies']} applies followed; the ranks communicated at "
           f"{follower['synced_steps']} of {STEPS} steps")
+
+
+def test_a_group_in_pull_rounds_answers_pulls_applies_every_h_over_p_steps_and_its_ranks_end_bit_identical(
+        syncer_of, tmp_path):
+    """Pull rounds: the leader answers pulls and sends metadata alone; globals are applied only at the multiples
+    of apply_every (default H / P = 4), where the ranks communicate: once every 4 steps, whatever arrives when."""
+    x_eval, y_eval = task(7)
+    initial = mse(model_of(), x_eval, y_eval)
+    bound = lone_sgd_loss(STEPS // 4, x_eval, y_eval)  # as in the push test above
+    s = syncer_of(model_of(), heartbeat_timeout=60, **dict(SYNCER, round="pull"))
+    procs, out = start_group(s.endpoint, str(tmp_path), "pull", STEPS, alpha=0.25, extra=["--round", "pull"])
+    try:
+        results, errors = {}, []
+        threads = [threading.Thread(target=single_learner, args=(i, s.endpoint, STEPS, results, errors),
+                                    kwargs=dict(round="pull")) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        assert not any(t.is_alive() for t in threads), "the single learners did not finish in time"
+        assert not errors, errors
+        for rank, p in enumerate(procs):
+            assert p.wait(WAIT_S) == 0, log_of(str(tmp_path), "pull", rank)
+    finally:
+        kill_all(procs)
+    ranks = [read_json(f"{out}.{r}.json") for r in range(2)]
+    leader, follower = ranks[0]["status"], ranks[1]["status"]
+    assert ranks[0]["params"] == ranks[1]["params"]
+    # The follower applied every global the leader applied after its join (which applied both fragments).
+    assert follower["applies"] == leader["applies"] - 2 and follower["applies"] >= 20, (leader, follower)
+    assert follower["base_versions"] == leader["base_versions"]
+    # The ranks communicated at every 4th step and only there; the group's tokens were summed there.
+    assert follower["synced_steps"] == leader["synced_steps"] == STEPS // 4, (leader, follower)
+    assert follower["synced_step"] == STEPS == follower["tokens_step"]
+    assert leader["tokens"] == 2 * BATCH * STEPS, leader
+    # The group answered pulls (its contributions were merged) and sent metadata every step.
+    assert leader["pulls"] >= 20 and leader["sends"] >= 20 and leader["metadata_sent"] >= STEPS, leader
+    st = s.status()
+    others = st["rejected_total"] - st["rejected"]["stale"]
+    assert st["joins"] >= 3 and others == 0 and st["merges"] >= 20, st["line"]
+    assert all(r["applies"] >= 10 for r in results.values()), results
+    final = mse(global_model(s), x_eval, y_eval)
+    assert final < bound < initial, (initial, bound, final, st["line"])
 
 
 def test_a_lock_step_group_with_tau_0_applies_each_global_at_its_send_step_on_both_ranks(syncer_of, tmp_path):
