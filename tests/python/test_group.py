@@ -126,6 +126,32 @@ def global_model(s):
     return model
 
 
+def train_group_and_two_learners(s, directory, tag, round="push", fold_floats=None):
+    """Group learner GROUP_ID (two processes) and two single learners (threads) train STEPS steps against
+    syncer `s`. Returns (leader's status, follower's status, the single learners' statuses) once all ended;
+    asserts the two ranks' parameters are bit-identical."""
+    procs, out = start_group(s.endpoint, directory, tag, STEPS, alpha=0.25, fold_floats=fold_floats,
+                             extra=["--round", round])
+    try:
+        results, errors = {}, []
+        threads = [threading.Thread(target=single_learner, args=(i, s.endpoint, STEPS, results, errors),
+                                    kwargs=dict(round=round)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        assert not any(t.is_alive() for t in threads), "the single learners did not finish in time"
+        assert not errors, errors
+        for rank, p in enumerate(procs):
+            assert p.wait(WAIT_S) == 0, log_of(directory, tag, rank)
+    finally:
+        kill_all(procs)
+    ranks = [read_json(f"{out}.{r}.json") for r in range(2)]
+    # Bit-identical: every parameter's bytes, after STEPS steps with alpha = 0.25 mixing.
+    assert ranks[0]["params"] == ranks[1]["params"]
+    return ranks[0]["status"], ranks[1]["status"], results
+
+
 @pytest.mark.parametrize("fold_floats", [None, 0], ids=["one-broadcast", "header-then-values"])
 def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_end_bit_identical(syncer_of,
                                                                                                  tmp_path,
@@ -138,25 +164,7 @@ def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_
     bound = lone_sgd_loss(STEPS // 4, x_eval, y_eval)
     s = syncer_of(model_of(), heartbeat_timeout=60, **SYNCER)
     # fold_floats: a step's header and globals in one broadcast (the default at this size), or apart.
-    procs, out = start_group(s.endpoint, str(tmp_path), "train", STEPS, alpha=0.25, fold_floats=fold_floats)
-    try:
-        results, errors = {}, []
-        threads = [threading.Thread(target=single_learner, args=(i, s.endpoint, STEPS, results, errors))
-                   for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(WAIT_S)
-        assert not any(t.is_alive() for t in threads), "the single learners did not finish in time"
-        assert not errors, errors
-        for rank, p in enumerate(procs):
-            assert p.wait(WAIT_S) == 0, log_of(str(tmp_path), "train", rank)
-    finally:
-        kill_all(procs)
-    ranks = [read_json(f"{out}.{r}.json") for r in range(2)]
-    leader, follower = ranks[0]["status"], ranks[1]["status"]
-    # Bit-identical: every parameter's bytes, after STEPS steps with alpha = 0.25 mixing.
-    assert ranks[0]["params"] == ranks[1]["params"]
+    leader, follower, results = train_group_and_two_learners(s, str(tmp_path), "train", fold_floats=fold_floats)
     assert leader["role"] == "leader" and follower["role"] == "follower"
     # The follower applied every global the leader applied after its join (the join wrote the state whole).
     assert follower["applies"] == leader["applies"] - 2 and follower["applies"] >= 20, (leader, follower)
@@ -191,24 +199,7 @@ def test_a_group_in_pull_rounds_answers_pulls_applies_every_h_over_p_steps_and_i
     initial = mse(model_of(), x_eval, y_eval)
     bound = lone_sgd_loss(STEPS // 4, x_eval, y_eval)  # as in the push test above
     s = syncer_of(model_of(), heartbeat_timeout=60, **dict(SYNCER, round="pull"))
-    procs, out = start_group(s.endpoint, str(tmp_path), "pull", STEPS, alpha=0.25, extra=["--round", "pull"])
-    try:
-        results, errors = {}, []
-        threads = [threading.Thread(target=single_learner, args=(i, s.endpoint, STEPS, results, errors),
-                                    kwargs=dict(round="pull")) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(WAIT_S)
-        assert not any(t.is_alive() for t in threads), "the single learners did not finish in time"
-        assert not errors, errors
-        for rank, p in enumerate(procs):
-            assert p.wait(WAIT_S) == 0, log_of(str(tmp_path), "pull", rank)
-    finally:
-        kill_all(procs)
-    ranks = [read_json(f"{out}.{r}.json") for r in range(2)]
-    leader, follower = ranks[0]["status"], ranks[1]["status"]
-    assert ranks[0]["params"] == ranks[1]["params"]
+    leader, follower, results = train_group_and_two_learners(s, str(tmp_path), "pull", round="pull")
     # The follower applied every global the leader applied after its join (which applied both fragments).
     assert follower["applies"] == leader["applies"] - 2 and follower["applies"] >= 20, (leader, follower)
     assert follower["base_versions"] == leader["base_versions"]
