@@ -919,6 +919,9 @@ class ZmqSyncerTransport {
           moves.push_back({it->first, std::move(first->second),
                            detail::SendCharge(std::move(peer), send_queued_, charge, stream_queued_)});
           st.sent.push_back(first->first);
+          // Counted with `sent`, under the same lock: a retry that finds it
+          // sent (state_duplicates) never sees it uncounted here.
+          ++counters_.state_frames_streamed;
           st.pending.erase(first);
           st.last_moved = now;
         }
@@ -943,7 +946,6 @@ class ZmqSyncerTransport {
       framed.push_back({mv.to, frame_of(mv.message), std::move(mv.charge), key});
     }
     std::lock_guard lock(mutex_);
-    counters_.state_frames_streamed += framed.size();
     for (auto& o : framed) outgoing_.push_back(std::move(o));
   }
 
