@@ -4,10 +4,15 @@
 //   decoded  decode_frame (checks, then an fp32 vector per contribution), then
 //            Syncer::handle_batch of the fp32 payloads (finiteness + norm scan,
 //            add_batch, merge);  ZmqSyncerConfig::keep_contributions_encoded = false
-//   encoded  decode_frame_keep_encoded (checks, the payload stays in the frame),
-//            then handle_batch of the encoded payloads (one code scan for
-//            validity + norm, add_batch decoding chunk by chunk in L1, merge);
-//            keep_contributions_encoded = true, what ddiloco_syncer runs.
+//   encoded  decode_frame_keep_encoded with PayloadChecks::deferred (header
+//            and sizes; the payload stays in the frame, its checksum is handed
+//            on), then handle_batch of the encoded payloads (ONE scan of the
+//            bytes for checksum + code validity + norms, add_batch decoding
+//            chunk by chunk in L1, merge); keep_contributions_encoded = true
+//            with the default payload_checks, what ddiloco_syncer runs.
+//   encoded_checked_on_receive  the same with PayloadChecks::now: the
+//            checksum and the codes are checked at decode (a pass of their
+//            own), as before the syncer took them over.
 // M = 8 learners, one fragment of 2^24 elements (the layout of bench_common.hpp),
 // K = M so every round is one merge of all eight, one thread. Counted bytes: the
 // frames' payloads (what arrived over the network), so GB/s is the rate at
@@ -34,7 +39,9 @@ namespace {
 
 using namespace ddiloco;
 
-template <Codec C, bool KeepEncoded>
+enum class Path { decoded, encoded_checked_on_receive, encoded };
+
+template <Codec C, Path P>
 void BM_SyncerRoundFromFrames(benchmark::State& state) {
   const std::size_t n = std::size_t{1} << state.range(0);
   const auto m_learners = static_cast<LearnerId>(state.range(1));
@@ -84,8 +91,10 @@ void BM_SyncerRoundFromFrames(benchmark::State& state) {
   for (auto _ : state) {
     batch.clear();
     for (LearnerId id = 0; id < m_learners; ++id) {
-      DecodeResult r = KeepEncoded ? decode_frame_keep_encoded(*frames[id], limits, frames[id])
-                                   : decode_frame(*frames[id], limits);
+      DecodeResult r = P == Path::decoded ? decode_frame(*frames[id], limits)
+                                          : decode_frame_keep_encoded(*frames[id], limits, frames[id],
+                                                                      P == Path::encoded ? PayloadChecks::deferred
+                                                                                         : PayloadChecks::now);
       if (!r.ok()) {
         state.SkipWithError("a frame failed to decode");
         return;
@@ -117,9 +126,19 @@ void args(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int4, true)->Name("BM_SyncerRoundFromFrames<int4>/encoded")->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int4, false)->Name("BM_SyncerRoundFromFrames<int4>/decoded")->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, true)->Name("BM_SyncerRoundFromFrames<fp32>/encoded")->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, false)->Name("BM_SyncerRoundFromFrames<fp32>/decoded")->Apply(args);
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int4, Path::encoded)->Name("BM_SyncerRoundFromFrames<int4>/encoded")->Apply(args);
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int4, Path::encoded_checked_on_receive)
+    ->Name("BM_SyncerRoundFromFrames<int4>/encoded_checked_on_receive")
+    ->Apply(args);
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int4, Path::decoded)->Name("BM_SyncerRoundFromFrames<int4>/decoded")->Apply(args);
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::encoded)->Name("BM_SyncerRoundFromFrames<fp32>/encoded")->Apply(args);
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::encoded_checked_on_receive)
+    ->Name("BM_SyncerRoundFromFrames<fp32>/encoded_checked_on_receive")
+    ->Apply(args);
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::decoded)->Name("BM_SyncerRoundFromFrames<fp32>/decoded")->Apply(args);
+// The other codecs on the product path: the per-core fold rates sim/capacity.hpp's SyncerCosts quotes.
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::bf16, Path::encoded)->Name("BM_SyncerRoundFromFrames<bf16>/encoded")->Apply(args);
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp16, Path::encoded)->Name("BM_SyncerRoundFromFrames<fp16>/encoded")->Apply(args);
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int8, Path::encoded)->Name("BM_SyncerRoundFromFrames<int8>/encoded")->Apply(args);
 
 BENCHMARK_MAIN();

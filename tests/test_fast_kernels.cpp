@@ -12,7 +12,9 @@
 #include <ddiloco/fast/kernels.hpp>
 
 #include <ddiloco/codec.hpp>
+#include <ddiloco/detail/checksum.hpp>
 #include <ddiloco/detail/kernels.hpp>
+#include <ddiloco/layout.hpp>
 #include <ddiloco/outer_optimizer.hpp>
 
 #include <catch2/catch.hpp>
@@ -22,6 +24,8 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <optional>
+#include <span>
 #include <random>
 #include <string>
 #include <vector>
@@ -473,6 +477,62 @@ TEST_CASE("fast checked_encoded_squared_norm gives encoded_squared_norm and flag
         }
         CHECK_FALSE(ok);
       }
+    }
+  }
+}
+
+TEST_CASE("fast checked_norms_and_checksum takes every tensor's norm and the payload CRC in one scan and names what "
+          "is wrong",
+          "[fast][codec][batch]") {
+  using fast::PayloadCheck;
+  for (const Codec codec : ddiloco::all_codecs) {
+    // Sizes around the piece (kCheckPiece elements), odd ones, and a layout
+    // whose tensors start and end inside pieces.
+    for (const std::size_t n : {std::size_t{1}, std::size_t{65}, fast::kCheckPiece - 1, fast::kCheckPiece + 1,
+                                3 * fast::kCheckPiece + 777}) {
+      const auto x = random_vector(n, 91, 1.5f);
+      const auto bytes = ddiloco::encode(codec, x);
+      const std::uint32_t crc = ddiloco::detail::crc32c(bytes);
+      std::vector<ddiloco::TensorSegment> segs;
+      for (std::size_t lo = 0, k = 0; lo < n; ++k) {
+        const std::size_t len = std::min(n - lo, 1 + (k * 7919 + 3) % (fast::kCheckPiece + 500));
+        segs.push_back({lo, len, false});
+        lo += len;
+      }
+      INFO(ddiloco::to_string(codec) << " n = " << n << ", " << segs.size() << " tensors");
+      std::vector<double> sq(segs.size(), -1.0);
+      REQUIRE(fast::checked_norms_and_checksum(codec, std::span<const std::byte>(bytes), n, segs, sq, crc) ==
+              PayloadCheck::ok);
+      for (std::size_t t = 0; t < segs.size(); ++t) {
+        const double ref = fast::encoded_squared_norm(codec, bytes.data(), n, segs[t].offset, segs[t].size);
+        CHECK(std::fabs(sq[t] - ref) <= 2e-6 * ref);  // the kernels sum blocks of floats in float (as above)
+      }
+      // Without a checksum to compare: the same norms, no CRC check.
+      std::vector<double> sq2(segs.size(), -1.0);
+      CHECK(fast::checked_norms_and_checksum(codec, std::span<const std::byte>(bytes), n, segs, sq2, std::nullopt) ==
+            PayloadCheck::ok);
+      CHECK(sq2 == sq);
+      // One bit flipped anywhere (first byte: a scale for int8/int4; middle; last) fails the checksum.
+      for (const std::size_t at : {std::size_t{0}, bytes.size() / 2, bytes.size() - 1}) {
+        auto flipped = bytes;
+        flipped[at] ^= std::byte{0x02};
+        CHECK(fast::checked_norms_and_checksum(codec, std::span<const std::byte>(flipped), n, segs, sq, crc) ==
+              PayloadCheck::bad_checksum);
+        CHECK(fast::checked_norms_and_checksum(codec, std::span<const std::byte>(flipped), n, segs, sq,
+                                               ddiloco::detail::crc32c(flipped)) != PayloadCheck::bad_checksum);
+      }
+      if (codec != Codec::int8 && codec != Codec::int4) continue;
+      // An invalid code with a checksum that matches it: bad_encoding, wherever it is.
+      const std::size_t nb = ddiloco::detail::quant_blocks(n);
+      auto bad = bytes;
+      bad[4 * nb + (n - 1) / (codec == Codec::int8 ? 1 : 2)] = codec == Codec::int8 || (n - 1) % 2 == 1
+                                                                    ? std::byte{0x80}
+                                                                    : std::byte{0x08};
+      REQUIRE_FALSE(fast::valid_encoding(codec, bad.data(), n));
+      CHECK(fast::checked_norms_and_checksum(codec, std::span<const std::byte>(bad), n, segs, sq,
+                                             ddiloco::detail::crc32c(bad)) == PayloadCheck::bad_encoding);
+      CHECK(fast::checked_norms_and_checksum(codec, std::span<const std::byte>(bad), n, segs, sq, std::nullopt) ==
+            PayloadCheck::bad_encoding);
     }
   }
 }

@@ -1,6 +1,7 @@
 // Tests for ddiloco/syncer.hpp: the syncer's state machine, driven directly
 // with crafted messages on a virtual clock (no transport, no threads).
 #include <ddiloco/syncer.hpp>
+#include <ddiloco/detail/checksum.hpp>
 
 #include <ddiloco/local_cluster.hpp>
 
@@ -1143,12 +1144,29 @@ TEST_CASE("A corrupt encoded contribution is rejected by reason and never change
            r.out);
   s.handle(with_bytes(Codec::bf16, [](auto& b) { b[1] = std::byte{0x7F}, b[0] = std::byte{0xC0}; }), r.out);  // NaN
   CHECK(reason(RejectReason::non_finite) == 2);
+  // A transport that left the payload checksum to the syncer
+  // (PayloadChecks::deferred): a flipped bit in the codes or in a scale.
+  auto with_crc = [&](Codec codec, std::size_t flip_at) {
+    auto bytes = std::make_shared<std::vector<std::byte>>(encode(codec, *good.payload));
+    const std::uint32_t crc = ddiloco::detail::crc32c(*bytes);
+    if (flip_at < bytes->size()) (*bytes)[flip_at] ^= std::byte{0x01};
+    Message e = good;
+    e.payload.reset();
+    e.encoded = EncodedPayload{codec, good.payload->size(), std::span<const std::byte>(*bytes), bytes, crc};
+    return e;
+  };
+  s.handle(with_crc(Codec::fp32, 9), r.out);
+  s.handle(with_crc(Codec::int4, 0), r.out);
+  CHECK(reason(RejectReason::bad_checksum) == 2);
   CHECK(s.global_parameters() == before);
   CHECK(s.status().merges == 0);
-  CHECK(s.status().rejected_total() == 6);
+  CHECK(s.status().rejected_total() == 8);
   CHECK(to_string(RejectReason::bad_encoding) == "bad_encoding");
+  CHECK(to_string(RejectReason::bad_checksum) == "bad_checksum");
 
-  s.handle(with_bytes(Codec::int4, [](auto&) {}), r.out);  // the intact encoding is accepted and merged
+  // The intact encoding, its checksum still to check, is accepted and merged.
+  s.handle(with_crc(Codec::int4, std::size_t(-1)), r.out);
+  CHECK(s.status().rejected_total() == 8);
   CHECK(s.status().merges == 1);
   CHECK(s.global_parameters() != before);
 }

@@ -405,6 +405,39 @@ TEST_CASE("decode_frame_keep_encoded leaves a contribution's payload encoded in 
   CHECK(r.value().payload->size() == 40);
 }
 
+TEST_CASE("decode_frame_keep_encoded with deferred payload checks hands the frame's checksum on and still checks "
+          "the header",
+          "[wire]") {
+  for (const Codec codec : ddiloco::all_codecs) {
+    CAPTURE(ddiloco::to_string(codec));
+    const Message m = sample(MessageType::contribution, 301);
+    auto frame = std::make_shared<Bytes>(ddiloco::encode_frame(m, codec));
+    const std::uint32_t crc = ddiloco::detail::crc32c(std::span<const std::byte>(*frame).subspan(ddiloco::kFrameHeaderSize));
+    // A payload bit flipped: the default (now) refuses the frame, deferred
+    // passes it on with the checksum the sender wrote, for the syncer to compare.
+    (*frame)[ddiloco::kFrameHeaderSize + 5] ^= std::byte{0x10};
+    const auto now = ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame);
+    REQUIRE_FALSE(now.ok());
+    CHECK(now.error() == WireError::payload_checksum);
+    const auto later = ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame, ddiloco::PayloadChecks::deferred);
+    REQUIRE(later.ok());
+    REQUIRE(later.value().encoded.has_value());
+    CHECK(later.value().encoded->unchecked_crc == crc);
+    CHECK(ddiloco::detail::crc32c(later.value().encoded->bytes) != crc);
+    // The checked path leaves nothing to check.
+    (*frame)[ddiloco::kFrameHeaderSize + 5] ^= std::byte{0x10};
+    const auto intact = ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame);
+    REQUIRE(intact.ok());
+    CHECK_FALSE(intact.value().encoded->unchecked_crc.has_value());
+    // The header is still checked: a flipped header bit is refused either way.
+    (*frame)[ddiloco::detail::frame_offset::learner] ^= std::byte{0x01};
+    const auto bad_header =
+        ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame, ddiloco::PayloadChecks::deferred);
+    REQUIRE_FALSE(bad_header.ok());
+    CHECK(bad_header.error() == WireError::header_checksum);
+  }
+}
+
 TEST_CASE("a frame truncated at any byte offset is rejected, never decoded", "[wire]") {
   for (Codec c : ddiloco::all_codecs) {
     const Bytes f = ddiloco::encode_frame(sample(MessageType::contribution, 67), c);

@@ -170,13 +170,18 @@ using Payload = std::shared_ptr<const std::vector<float>>;
 /// valid while `owner` lives. A transport hands these out only when asked to
 /// (ZmqSyncerTransportConfig::keep_contributions_encoded) so the syncer can
 /// validate and fold the bytes straight into its accumulator, without an fp32
-/// copy of the payload. The transport has checked the frame (sizes,
-/// checksums); the syncer checks the contents (valid codes, finite values).
+/// copy of the payload. The transport has checked the frame's header and
+/// sizes; the syncer checks the contents (valid codes, finite values) and,
+/// when `unchecked_crc` is set, the payload checksum, in the one scan that
+/// takes the norms (fast::checked_norms_and_checksum).
 struct EncodedPayload {
   Codec codec = Codec::fp32;
   std::size_t elements = 0;
   std::span<const std::byte> bytes;
   std::shared_ptr<const void> owner;  ///< keeps `bytes` alive (a received network buffer)
+  /// The frame's CRC-32C of `bytes`, not yet compared (decode_frame_keep_encoded
+  /// with PayloadChecks::deferred); whoever reads the bytes must check it first.
+  std::optional<std::uint32_t> unchecked_crc = std::nullopt;
 };
 
 /// A buffer a transport lends for the next contribution's encoded payload

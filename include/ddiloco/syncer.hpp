@@ -103,6 +103,9 @@ enum class RejectReason : std::uint8_t {
   /// tokens above steps x the tokens per step the learner declared at join
   /// (or SyncerConfig::max_tokens_per_step when it declared none)
   tokens_beyond_declared,
+  /// an encoded payload whose bytes do not match the frame's checksum
+  /// (EncodedPayload::unchecked_crc: a transport that left the check to the syncer)
+  bad_checksum,
   count_
 };
 inline constexpr std::size_t kRejectReasons = static_cast<std::size_t>(RejectReason::count_);
@@ -111,7 +114,7 @@ constexpr std::string_view to_string(RejectReason r) noexcept {
   constexpr std::array<std::string_view, kRejectReasons> names{
       "foreign_plan", "unknown_learner", "bad_fragment", "wrong_size",     "non_finite",     "norm_outlier",
       "bad_counters", "duplicate",       "stale",        "future_version", "unexpected_type",
-      "bad_encoding", "steps_beyond_schedule", "tokens_beyond_declared"};
+      "bad_encoding", "steps_beyond_schedule", "tokens_beyond_declared", "bad_checksum"};
   const auto i = static_cast<std::size_t>(r);
   return i < names.size() ? names[i] : "unknown";
 }
@@ -1944,16 +1947,17 @@ class Syncer {
       }
     } else {
       // Still in its wire encoding (a transport's keep_contributions_encoded):
-      // the bytes are checked and the norms taken in one scan of the codes,
-      // without decoding (fast/kernels.hpp); a non-finite value of an fp32/
-      // bf16/fp16 payload makes its tensor's sum non-finite.
+      // the bytes are checked (codes, and the frame's checksum when the
+      // transport left it to us) and the norms taken in one scan, without
+      // decoding (fast::checked_norms_and_checksum); a non-finite value of an
+      // fp32/bf16/fp16 payload makes its tensor's sum non-finite.
       const EncodedPayload& e = *m.encoded;
       if (e.bytes.size() != encoded_size(e.codec, n)) return refuse(RejectReason::wrong_size);
-      bool valid = true;
-      for (std::size_t t = 0; t < layout.size(); ++t)
-        tensor_sq[t] =
-            fast::checked_encoded_squared_norm(e.codec, e.bytes.data(), n, layout[t].offset, layout[t].size, valid);
-      if (!valid) return refuse(RejectReason::bad_encoding);
+      switch (fast::checked_norms_and_checksum(e.codec, e.bytes, n, layout, tensor_sq, e.unchecked_crc)) {
+        case fast::PayloadCheck::ok: break;
+        case fast::PayloadCheck::bad_encoding: return refuse(RejectReason::bad_encoding);
+        case fast::PayloadCheck::bad_checksum: return refuse(RejectReason::bad_checksum);
+      }
     }
     double sq = 0.0;
     for (double x : tensor_sq) sq += x;

@@ -376,9 +376,26 @@ inline std::vector<std::byte> encode_frame_with_payload(const Message& m, Codec 
   return encode_frame(e, codec);
 }
 
+/// Who checks a kept-encoded contribution's payload (decode_frame_keep_encoded).
+enum class PayloadChecks : std::uint8_t {
+  now,      ///< the decoder: checksum and codes, before it returns
+  deferred  ///< the receiver (the syncer), in its own scan: EncodedPayload::unchecked_crc
+};
+
+namespace detail {
+template <bool CheckPayload>
+FrameViewResult decode_frame_view_impl(std::span<const std::byte> frame, const DecodeLimits& limits) noexcept;
+}  // namespace detail
+
 /// Validates every header field, the lengths and the payload checksum; does not
 /// decode the payload (its scales and codes are checked only by decode_frame).
 inline FrameViewResult decode_frame_view(std::span<const std::byte> frame, const DecodeLimits& limits = {}) noexcept {
+  return detail::decode_frame_view_impl<true>(frame, limits);
+}
+
+namespace detail {
+template <bool CheckPayload>
+FrameViewResult decode_frame_view_impl(std::span<const std::byte> frame, const DecodeLimits& limits) noexcept {
   namespace o = detail::frame_offset;
   if (frame.size() < kFrameHeaderSize) return WireError::too_short;
   const std::byte* p = frame.data();
@@ -418,9 +435,12 @@ inline FrameViewResult decode_frame_view(std::span<const std::byte> frame, const
   if (have < h.payload_bytes) return WireError::too_short;
   if (have > h.payload_bytes) return WireError::length_mismatch;
   const auto payload = frame.subspan(kFrameHeaderSize);
-  if (detail::crc32c(payload) != h.payload_crc) return WireError::payload_checksum;
+  if constexpr (CheckPayload) {
+    if (detail::crc32c(payload) != h.payload_crc) return WireError::payload_checksum;
+  }
   return FrameView{h, payload};
 }
+}  // namespace detail
 
 namespace detail {
 /// The Message fields a frame header carries (everything but the payload).
@@ -461,18 +481,29 @@ inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeL
 /// except the float conversion: the codes are checked by a byte scan
 /// (fast::valid_encoding: WireError::bad_payload as decode_frame reports it).
 /// Finite values are the syncer's check (it sums the squared norm anyway).
+/// With PayloadChecks::deferred a contribution's payload checksum and codes
+/// are not read here either: the message carries the frame's checksum in
+/// EncodedPayload::unchecked_crc and the syncer compares it, and checks the
+/// codes, in the scan that takes the norms (RejectReason::bad_checksum,
+/// bad_encoding), so the payload is read once there instead of three times.
 /// Other message types decode exactly as decode_frame does.
 inline DecodeResult decode_frame_keep_encoded(std::span<const std::byte> frame, const DecodeLimits& limits,
-                                              std::shared_ptr<const void> owner) {
-  auto view = decode_frame_view(frame, limits);
+                                              std::shared_ptr<const void> owner,
+                                              PayloadChecks checks = PayloadChecks::now) {
+  auto view = checks == PayloadChecks::now ? detail::decode_frame_view_impl<true>(frame, limits)
+                                           : detail::decode_frame_view_impl<false>(frame, limits);
   if (!view) return view.error();
   const FrameHeader& h = view.value().header;
   if (h.type != MessageType::contribution || h.elements == 0) return decode_frame(frame, limits);
   const std::span<const std::byte> payload = view.value().payload;
   const auto n = static_cast<std::size_t>(h.elements);
-  if (!fast::valid_encoding(h.codec, payload.data(), n)) return WireError::bad_payload;
   Message m = detail::message_from_header(h);
-  m.encoded = EncodedPayload{h.codec, n, payload, std::move(owner)};
+  m.encoded = EncodedPayload{h.codec, n, payload, std::move(owner), std::nullopt};
+  if (checks == PayloadChecks::deferred) {
+    m.encoded->unchecked_crc = h.payload_crc;
+  } else if (!fast::valid_encoding(h.codec, payload.data(), n)) {
+    return WireError::bad_payload;
+  }
   return m;
 }
 

@@ -33,9 +33,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 
 #include <ddiloco/codec.hpp>
+#include <ddiloco/detail/checksum.hpp>
 
 #if defined(__SSE2__) || ((defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__))
 #include <immintrin.h>
@@ -940,6 +942,72 @@ inline bool valid_encoding(Codec codec, const std::byte* in, std::size_t n) noex
   }
   if (n % 2 != 0) bad |= ((c[full] & 0xFU) == 8U || (c[full] >> 4) != 0U) ? 1U : 0U;
   return bad == 0;
+}
+
+/// What checked_norms_and_checksum found.
+enum class PayloadCheck : std::uint8_t { ok, bad_encoding, bad_checksum };
+
+/// The syncer's one scan of a received encoded payload (encoded_size(codec, n)
+/// bytes, the size checked by the caller): sq[t] = the squared norm of elements
+/// [segs[t].offset, segs[t].offset + segs[t].size) (encoded_squared_norm), the
+/// codes checked as valid_encoding checks them, and, when `crc` is set, the
+/// CRC-32C of all the bytes compared with *crc (the frame's payload checksum).
+/// The bytes are taken in pieces of kCheckPiece elements, each checksummed and
+/// then scanned while it is in cache, so the payload is read from memory once
+/// instead of twice (docs/performance.md, "Where the syncer's time goes"). The
+/// int8/int4 scales lead the payload: they are checksummed first. segs must be
+/// in increasing offset order without overlap (a Plan's layout is); elements
+/// outside every segment are checksummed and checked but not summed.
+inline constexpr std::size_t kCheckPiece = std::size_t{1} << 14;
+static_assert(kCheckPiece % kQuantBlock == 0);
+
+template <class Segments>
+PayloadCheck checked_norms_and_checksum(Codec codec, std::span<const std::byte> bytes, std::size_t n,
+                                        const Segments& segs, std::span<double> sq,
+                                        std::optional<std::uint32_t> crc) noexcept {
+  std::fill(sq.begin(), sq.end(), 0.0);
+  const std::size_t lead = codec == Codec::int8 || codec == Codec::int4 ? 4 * ddiloco::detail::quant_blocks(n) : 0;
+  // The first byte of element a's code (a a multiple of kQuantBlock, or n).
+  const auto byte_of = [&](std::size_t a) -> std::size_t {
+    if (a == n) return bytes.size();
+    switch (codec) {
+      case Codec::fp32: return 4 * a;
+      case Codec::bf16:
+      case Codec::fp16: return 2 * a;
+      case Codec::int8: return lead + a;
+      case Codec::int4: return lead + a / 2;
+    }
+    return bytes.size();
+  };
+  std::uint32_t state = 0xFFFFFFFFU;
+  if (crc && lead != 0) state = ddiloco::detail::crc32c_update(state, bytes.first(lead));
+  bool valid = true;
+  std::size_t t = 0;
+  for (std::size_t a = 0; a < n; a += kCheckPiece) {
+    const std::size_t b = std::min(n, a + kCheckPiece);
+    if (crc) state = ddiloco::detail::crc32c_update(state, bytes.subspan(byte_of(a), byte_of(b) - byte_of(a)));
+    // The segments [a, b) meets, from the first one not yet done.
+    while (t < segs.size() && segs[t].offset + segs[t].size <= a) ++t;
+    bool covered = false;
+    for (std::size_t u = t; u < segs.size() && segs[u].offset < b; ++u) {
+      const std::size_t lo = std::max(a, segs[u].offset), hi = std::min(b, segs[u].offset + segs[u].size);
+      if (lo >= hi) continue;
+      sq[u] += checked_encoded_squared_norm(codec, bytes.data(), n, lo, hi - lo, valid);
+      covered = covered || (lo == a && hi == b);
+    }
+    // Codes outside the segments are still checked (a plan's segments cover the fragment).
+    if (!covered && codec != Codec::fp32 && codec != Codec::bf16 && codec != Codec::fp16) {
+      std::size_t at = a;
+      for (std::size_t u = t; u < segs.size() && segs[u].offset < b; ++u) {
+        const std::size_t lo = std::max(a, segs[u].offset);
+        if (lo > at) (void)checked_encoded_squared_norm(codec, bytes.data(), n, at, lo - at, valid);
+        at = std::max(at, std::min(b, segs[u].offset + segs[u].size));
+      }
+      if (at < b) (void)checked_encoded_squared_norm(codec, bytes.data(), n, at, b - at, valid);
+    }
+  }
+  if (crc && (state ^ 0xFFFFFFFFU) != *crc) return PayloadCheck::bad_checksum;
+  return valid ? PayloadCheck::ok : PayloadCheck::bad_encoding;
 }
 
 // ---- learner side --------------------------------------------------------------

@@ -549,11 +549,18 @@ struct ZmqSyncerConfig {
   Duration join_stream_linger = std::chrono::seconds(60);
   /// Contributions are handed to the syncer in their wire encoding
   /// (Message::encoded, holding the received buffer) instead of decoded to
-  /// fp32: the frame is still checked here (header, sizes, checksums, valid
-  /// codes), and the syncer folds the bytes into its accumulator with the
+  /// fp32: the frame is still checked here (header, sizes; the payload as
+  /// payload_checks says), and the syncer folds the bytes into its accumulator with the
   /// fused decode (no copy of the payload between the socket and the
   /// accumulator; docs/performance.md). Off: every payload is decoded to fp32 here.
   bool keep_contributions_encoded = false;
+  /// With keep_contributions_encoded: who checks a contribution's payload
+  /// checksum and codes. `deferred` (the default) leaves both to the Syncer,
+  /// which does them in the scan that takes the norms (one read of the
+  /// payload instead of three; a mismatch is RejectReason::bad_checksum and
+  /// counted there, not in wire errors); `now` checks them on the receive
+  /// thread, for a consumer other than ddiloco::Syncer.
+  PayloadChecks payload_checks = PayloadChecks::deferred;
   /// Refused connections are recorded for the log (take_refusals) at most
   /// `refusal_log_burst` times per `refusal_log_interval`.
   Duration refusal_log_interval = std::chrono::seconds(10);
@@ -1139,8 +1146,9 @@ class ZmqSyncerTransport {
         }
       }
       // Decoding (validation + payload conversion) happens outside the lock.
-      DecodeResult r = config_.keep_contributions_encoded ? decode_frame_keep_encoded(bytes, config_.limits, body)
-                                                          : decode_frame(bytes, config_.limits);
+      DecodeResult r = config_.keep_contributions_encoded
+                           ? decode_frame_keep_encoded(bytes, config_.limits, body, config_.payload_checks)
+                           : decode_frame(bytes, config_.limits);
       {
         std::lock_guard lock(mutex_);
         counters_.wire.record(r);
