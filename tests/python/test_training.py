@@ -30,7 +30,7 @@ def mse(model, x, y):
         return torch.nn.functional.mse_loss(model(x), y).item()
 
 
-def train(learner_id, endpoint, use_hook, results, errors):
+def train(learner_id, endpoint, use_hook, results, errors, barrier):
     try:
         model = model_of()
         x, y = task(100 + learner_id)
@@ -45,6 +45,13 @@ def train(learner_id, endpoint, use_hook, results, errors):
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x[b]), y[b]).backward()
             opt.step()
+            if (i + 1) % 8 == 0:
+                # The learners meet every H steps, so neither runs more than a round ahead of the
+                # other however the threads are scheduled: a thread starved for seconds on a loaded
+                # machine would otherwise send early-training outer gradients against a converged
+                # global, far above the other learner's recent norms (norm_outlier, seen 1 in 14 runs
+                # under stress-ng), or from a base older than max_staleness.
+                barrier.wait(TIME_BOUND_S)
 
         if use_hook:  # the optimizer-hook style: optimizer.step() also steps the learner
             with ddiloco.outer_loop(model, opt, tokens_per_step=32, **kw) as loop:
@@ -58,6 +65,7 @@ def train(learner_id, endpoint, use_hook, results, errors):
                     learner.step(tokens=32)
                 results[learner_id] = learner.status()
     except BaseException as e:  # reported by the main thread
+        barrier.abort()  # the other learner stops waiting for this one
         errors.append(e)
 
 
@@ -68,7 +76,9 @@ def test_two_learners_reduce_the_loss_of_the_global_model_below_the_bound(syncer
     initial = mse(init, x, y)
     s = syncer_of(init, fragments=2, sync_every=8, overlap=1, round="push", outer_lr=0.7, outer_momentum=0.5, heartbeat_timeout=60)
     results, errors = {}, []
-    threads = [threading.Thread(target=train, args=(i, s.endpoint, i == 1, results, errors)) for i in range(2)]
+    barrier = threading.Barrier(2)
+    threads = [threading.Thread(target=train, args=(i, s.endpoint, i == 1, results, errors, barrier))
+               for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -76,11 +86,8 @@ def test_two_learners_reduce_the_loss_of_the_global_model_below_the_bound(syncer
     assert not any(t.is_alive() for t in threads), "learners did not finish in time"
     assert not errors, errors
     st = s.status()
-    # A learner thread descheduled while the other ran several rounds ahead may send from a base more
-    # than max_staleness versions old: rejected as stale and answered (an expected outcome, counted;
-    # seen once in about ten runs on a loaded 2-core machine). Nothing else may be rejected.
-    others = st["rejected_total"] - st["rejected"]["stale"]
-    assert st["joins"] >= 2 and st["merges"] >= 20 and others == 0, st["line"]
+    # The barrier keeps the learners within a round of each other: nothing may be rejected.
+    assert st["joins"] >= 2 and st["merges"] >= 20 and st["rejected_total"] == 0, st["line"]
     assert st["contributions_accepted"] >= 100, st["line"]
     # (a send refused by back-pressure is an expected outcome: its progress goes out with the next one)
     assert all(r["applies"] >= 10 and r["sends"] >= 50 for r in results.values()), results
