@@ -19,6 +19,7 @@
 #include <ddiloco/outer_optimizer.hpp>
 #include <ddiloco/quorum.hpp>
 #include <ddiloco/schedule.hpp>
+#include <ddiloco/shard_map.hpp>
 #include <ddiloco/syncer.hpp>
 #include <ddiloco/syncer_runtime.hpp>
 #include <ddiloco/tensor.hpp>
