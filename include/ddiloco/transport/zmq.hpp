@@ -62,6 +62,7 @@
 #include <ddiloco/error.hpp>
 #include <ddiloco/fragmenter.hpp>
 #include <ddiloco/message.hpp>
+#include <ddiloco/transport/bounds.hpp>
 #include <ddiloco/wire.hpp>
 
 namespace ddiloco {
@@ -573,7 +574,6 @@ namespace detail {
 /// header-only frames are bounded by the byte budgets.
 inline constexpr std::size_t kQueuedMessageOverhead = 256;
 
-/// The largest frame carrying `elements` payload elements in any codec.
 /// Bytes a security mechanism adds around each message before ZeroMQ checks
 /// ZMQ_MAXMSGSIZE on the wire: CURVE sends every message as a MESSAGE command
 /// (its name, an 8-byte nonce, a flags byte and a 16-byte MAC: 33 bytes in
@@ -582,36 +582,19 @@ inline constexpr std::size_t kQueuedMessageOverhead = 256;
 /// decoder, which refuses it); in plaintext it is exact.
 inline constexpr std::size_t kMechanismOverhead = 256;
 
-inline std::size_t largest_frame(std::size_t elements) {
-  std::size_t bytes = 0;
-  for (std::uint8_t c = 0; is_valid_codec(c); ++c) bytes = std::max(bytes, encoded_size(static_cast<Codec>(c), elements));
-  return kFrameHeaderSize + bytes;
-}
 }  // namespace detail
 
 /// Sizes the bounds of `config` from `plan` (docs/operations.md, "Memory
-/// bounds"); set your own budgets after calling it. With F the largest frame
-/// (a contribution or global of the plan's largest fragment in fp32, the widest
-/// codec) and S a full state in fp32 (every fragment's frame):
-///   limits.max_elements = the largest fragment's elements, max_message_size = F;
-///   peer_send_budget    = max(2 F, min(8 S, 64 MiB));
-///   send_budget         = max(peer_send_budget, min(64 peer_send_budget, 1 GiB));
-///   peer_receive_budget = 2 S (ZMQ_RCVHWM = max(4, 2 S / F) messages);
-///   incoming_max_bytes  = max(4 F, min(64 S, 256 MiB)).
+/// bounds"; the formulas are syncer_buffer_bounds' in transport/bounds.hpp);
+/// set your own budgets after calling it.
 inline void size_for_plan(ZmqSyncerConfig& config, const Plan& plan) {
-  constexpr std::size_t MiB = std::size_t{1} << 20;
-  std::size_t largest = 0, state = 0;
-  for (const auto& f : plan.fragments()) {
-    largest = std::max(largest, f.numel);
-    state += detail::largest_frame(f.numel);
-  }
-  const std::size_t frame = detail::largest_frame(largest);
-  config.limits.max_elements = largest;
-  config.max_message_size = frame;
-  config.peer_send_budget = std::max(2 * frame, std::min(8 * state, 64 * MiB));
-  config.send_budget = std::max(config.peer_send_budget, std::min(64 * config.peer_send_budget, 1024 * MiB));
-  config.peer_receive_budget = 2 * state;
-  config.incoming_max_bytes = std::max(4 * frame, std::min(64 * state, 256 * MiB));
+  const SyncerBufferBounds b = syncer_buffer_bounds(plan);
+  config.limits.max_elements = b.largest_elements;
+  config.max_message_size = b.max_message_size;
+  config.peer_send_budget = b.peer_send_budget;
+  config.send_budget = b.send_budget;
+  config.peer_receive_budget = b.peer_receive_budget;
+  config.incoming_max_bytes = b.incoming_max_bytes;
 }
 
 /// The syncer's end: binds a ROUTER socket and serves any number of learners.
