@@ -284,6 +284,31 @@ TEST_CASE("Tensors written are read back exactly by an independent reader of the
   CHECK(dir.entries() == 1);  // no temporary file left next to it
 }
 
+TEST_CASE("read_safetensors_specs gives the tensors' sizes and embedding flags from the header alone",
+          "[safetensors]") {
+  TempDir dir;
+  const std::vector<float> emb(12, 1.0f), w(6, 2.0f), b(2, 3.0f);
+  const std::vector<SafetensorsView> views{{"wte.weight", {3, 4}, emb}, {"h.0.w", {2, 3}, w}, {"h.0.b", {2}, b}};
+  const fs::path path = dir.path / "m.safetensors";
+  write_safetensors(path, std::span<const SafetensorsView>(views));
+  const auto specs = read_safetensors_specs(path);
+  REQUIRE(specs.size() == 3);
+  CHECK(specs[0] == TensorSpec{"wte.weight", 12, true});  // the default pattern marks wte
+  CHECK(specs[1] == TensorSpec{"h.0.w", 6, false});
+  CHECK(specs[2] == TensorSpec{"h.0.b", 2, false});
+  CHECK(read_safetensors_specs(path, EmbeddingRule(""))[0].embedding == false);
+  // The same as reading the values and taking their specs.
+  CHECK(specs == safetensors_specs(read_safetensors(path), EmbeddingRule{}, path.string()));
+  // A truncated data section is refused from the header's offsets, without reading the values.
+  const std::string bytes = read_file(path);
+  {
+    std::ofstream out(dir.path / "cut.safetensors", std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() - 4));
+  }
+  CHECK_THROWS_AS(read_safetensors_specs(dir.path / "cut.safetensors"), ProtocolError);
+  CHECK_THROWS_WITH(read_safetensors_specs(dir.path / "none.safetensors"), Contains("cannot open"));
+}
+
 TEST_CASE("A file written by hand is read in data order, BF16 widened exactly, padding allowed", "[safetensors]") {
   // Keys out of data order; BF16 bit patterns: 1.0, -2.0, the smallest
   // subnormal, -0, the largest finite bf16, and pi rounded to bf16.

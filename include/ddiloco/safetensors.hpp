@@ -400,30 +400,49 @@ inline SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, std::
   return out;
 }
 
+namespace detail {
+/// An open file positioned after its header, the header parsed (and checked
+/// against the file's size), and the header's length.
+struct OpenedSafetensors {
+  std::ifstream in;
+  SafetensorsHeader header;
+  std::uint64_t header_bytes = 0;
+};
+
+inline OpenedSafetensors open_safetensors(const std::filesystem::path& path) {
+  const std::string source = path.string();
+  OpenedSafetensors f;
+  std::ifstream& in = f.in;
+  in.open(path, std::ios::binary | std::ios::ate);
+  if (!in)
+    throw InvalidArgument(msg("safetensors: cannot open '", source, "' (", std::generic_category().message(errno),
+                              "); check the path"));
+  const std::streamoff end = in.tellg();
+  if (end < 0) throw InvalidArgument(msg("safetensors: cannot size '", source, "'; is it a regular file?"));
+  const auto file_size = static_cast<std::uint64_t>(end);
+  if (file_size < 8)
+    throw ProtocolError(msg("safetensors '", source, "': ", file_size,
+                            " bytes, shorter than the 8-byte header length (the file is truncated)"));
+  in.seekg(0);
+  std::array<std::byte, 8> len{};
+  in.read(reinterpret_cast<char*>(len.data()), 8);
+  const std::uint64_t n = safetensors_header_length(read_u64_le(len), file_size, source);
+  std::string json(static_cast<std::size_t>(n), '\0');
+  in.read(json.data(), static_cast<std::streamsize>(n));
+  if (!in) throw ProtocolError(msg("safetensors '", source, "': read error in the header"));
+  f.header = parse_safetensors_header(json, file_size - 8 - n, source);
+  f.header_bytes = n;
+  return f;
+}
+}  // namespace detail
+
 /// Reads a safetensors file; validates the header before reading any tensor,
 /// and reads one tensor at a time (memory: the values plus one tensor's bytes).
 /// Throws InvalidArgument if the file cannot be opened, ProtocolError naming
 /// the file, the tensor and the value if it fails validation.
 inline SafetensorsFile read_safetensors(const std::filesystem::path& path, const SafetensorsReadOptions& options = {}) {
   const std::string source = path.string();
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in)
-    throw InvalidArgument(detail::msg("safetensors: cannot open '", source, "' (",
-                                      std::generic_category().message(errno), "); check the path"));
-  const std::streamoff end = in.tellg();
-  if (end < 0) throw InvalidArgument(detail::msg("safetensors: cannot size '", source, "'; is it a regular file?"));
-  const auto file_size = static_cast<std::uint64_t>(end);
-  if (file_size < 8)
-    throw ProtocolError(detail::msg("safetensors '", source, "': ", file_size,
-                                    " bytes, shorter than the 8-byte header length (the file is truncated)"));
-  in.seekg(0);
-  std::array<std::byte, 8> len{};
-  in.read(reinterpret_cast<char*>(len.data()), 8);
-  const std::uint64_t n = detail::safetensors_header_length(detail::read_u64_le(len), file_size, source);
-  std::string json(static_cast<std::size_t>(n), '\0');
-  in.read(json.data(), static_cast<std::streamsize>(n));
-  if (!in) throw ProtocolError(detail::msg("safetensors '", source, "': read error in the header"));
-  auto header = detail::parse_safetensors_header(json, file_size - 8 - n, source);
+  auto [in, header, n] = detail::open_safetensors(path);
   SafetensorsFile out;
   out.metadata = std::move(header.metadata);
   std::vector<std::byte> buffer;
@@ -453,6 +472,26 @@ inline std::vector<TensorSpec> safetensors_specs(const SafetensorsFile& file, co
                                         detail::shape_string(t.shape), " and no elements; ddiloco syncs tensors of at "
                                         "least one element, drop it from the file"));
     specs.push_back({t.name, t.values.size(), rule(t.name)});
+  }
+  return specs;
+}
+
+/// The tensors of a file as TensorSpecs (file order, `embedding` by `rule`)
+/// from its header alone: no tensor data is read, so sizing a 12B-parameter
+/// model (ddiloco_sim size) takes the header's bytes of memory. The header is
+/// validated as read_safetensors validates it; a tensor without elements is
+/// refused as safetensors_specs refuses it.
+inline std::vector<TensorSpec> read_safetensors_specs(const std::filesystem::path& path,
+                                                      const EmbeddingRule& rule = EmbeddingRule{}) {
+  const auto f = detail::open_safetensors(path);
+  std::vector<TensorSpec> specs;
+  specs.reserve(f.header.entries.size());
+  for (const auto& e : f.header.entries) {
+    if (e.numel == 0)
+      throw InvalidArgument(detail::msg("safetensors '", path.string(), "': tensor '", e.name, "' has shape ",
+                                        detail::shape_string(e.shape), " and no elements; ddiloco syncs tensors of at "
+                                        "least one element, drop it from the file"));
+    specs.push_back({e.name, static_cast<std::size_t>(e.numel), rule(e.name)});
   }
   return specs;
 }
