@@ -136,7 +136,7 @@ BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::encoded_checked_
     ->Name("BM_SyncerRoundFromFrames<fp32>/encoded_checked_on_receive")
     ->Apply(args);
 BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::decoded)->Name("BM_SyncerRoundFromFrames<fp32>/decoded")->Apply(args);
-// The other codecs on the product path: the per-core fold rates sim/capacity.hpp's SyncerCosts quotes.
+// The other codecs on the product path (sim/capacity.hpp's SyncerCosts quotes every codec's fold rate).
 BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::bf16, Path::encoded)->Name("BM_SyncerRoundFromFrames<bf16>/encoded")->Apply(args);
 BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp16, Path::encoded)->Name("BM_SyncerRoundFromFrames<fp16>/encoded")->Apply(args);
 BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int8, Path::encoded)->Name("BM_SyncerRoundFromFrames<int8>/encoded")->Apply(args);

@@ -433,6 +433,9 @@ BENCHMARK(BM_zmq_curve)->Apply(sizes);
 BENCHMARK(BM_syncer_send_merged)
     ->Args({24, 8, static_cast<int>(ddiloco::Codec::fp32)})
     ->Args({24, 8, static_cast<int>(ddiloco::Codec::int8)})
+    ->Args({24, 8, static_cast<int>(ddiloco::Codec::bf16)})
+    ->Args({24, 8, static_cast<int>(ddiloco::Codec::fp16)})
+    ->Args({24, 8, static_cast<int>(ddiloco::Codec::int4)})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -7,6 +7,12 @@
 //   ddiloco_sim timeseries [--hours H] [--seed S] [--chips N] [--bin SECONDS] [--out DIR]
 //   ddiloco_sim bandwidth  [--out DIR]                          1B/10B/100B tables and the headline
 //   ddiloco_sim plan MODEL.txt [--gbps G] [--latency S] [--step S] [--bits B] [--out DIR]
+//   ddiloco_sim size MODEL [--learners M] [--step S] [--gbps G] [--latency S] [--codec C]
+//                    [--global-codec C] [--nic-gbps G] [--cores N] [--ram-gib G] [--headroom F]
+//                    [--fragments P --sync-every H --overlap T (fix the schedule)] [--out DIR]
+//                                                               syncer shards and their hosts
+//                                                               (MODEL: a tensor list or, with
+//                                                               nlohmann-json, a .safetensors file)
 //   ddiloco_sim all        [--out DIR] [--models DIR]           everything above (results/sim)
 //   ddiloco_sim --version
 //
@@ -17,12 +23,17 @@
 // docs/simulator.md explains the models and every assumption.
 #include <ddiloco/sim/bandwidth.hpp>
 #include <ddiloco/sim/calibrate.hpp>
+#include <ddiloco/sim/capacity.hpp>
 #include <ddiloco/sim/goodput.hpp>
 #include <ddiloco/sim/planner.hpp>
 #include <ddiloco/tensor_list.hpp>
 #include <ddiloco/version.hpp>
+#ifdef DDILOCO_SIM_SAFETENSORS
+#include <ddiloco/safetensors.hpp>
+#endif
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -334,9 +345,86 @@ int cmd_plan(const Args& a, const fs::path& out) {
   return 0;
 }
 
+/// A model's tensors: a tensor list, or a .safetensors file's header.
+std::vector<ddiloco::TensorSpec> read_model(const std::string& path) {
+  if (path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
+#ifdef DDILOCO_SIM_SAFETENSORS
+    return ddiloco::read_safetensors_specs(path);
+#else
+    throw ddiloco::InvalidArgument(path + ": this ddiloco_sim was built without nlohmann-json (apt-get install "
+                                   "nlohmann-json3-dev, then rebuild) and cannot read safetensors; give a tensor list");
+#endif
+  }
+  return ddiloco::read_tensor_list_file(path);
+}
+
+std::size_t count_option(const Args& a, const std::string& key, double fallback) {
+  const double v = a.number(key, fallback);
+  if (!(v >= 0) || v != std::floor(v) || v > 1e9)
+    throw ddiloco::InvalidArgument("--" + key + " " + a.text(key, "") + ": expected a whole number");
+  return static_cast<std::size_t>(v);
+}
+
+// ---- size: syncer shards and hosts (sim/capacity.hpp) ----
+int cmd_size(const Args& a, const fs::path& out) {
+  if (a.positional.size() != 1)
+    throw ddiloco::InvalidArgument("size needs one model: ddiloco_sim size examples/models/llama-1b.txt --learners 8");
+  const std::string path = a.positional[0];
+  const auto tensors = read_model(path);
+  DeploymentSpec d;
+  d.learners = count_option(a, "learners", 8);
+  d.step_s = a.number("step", 1.0);
+  d.link_gbps = a.number("gbps", 1.0);
+  d.latency_s = a.number("latency", 0.05);
+  d.codec = ddiloco::parse_codec(a.text("codec", "int4"));
+  d.global_codec = ddiloco::parse_codec(a.text("global-codec", "fp32"));
+  d.nic_gbps = a.number("nic-gbps", 25.0);
+  d.host_cores = count_option(a, "cores", 16);
+  d.host_ram_gib = a.number("ram-gib", 128.0);
+  d.headroom = a.number("headroom", 0.7);
+  // A fixed schedule instead of the candidates (what a running syncer was started with).
+  if (a.options.count("fragments")) d.fragment_counts = {count_option(a, "fragments", 0)};
+  if (a.options.count("sync-every")) d.sync_every = {count_option(a, "sync-every", 0)};
+  if (a.options.count("overlap")) d.overlaps = {count_option(a, "overlap", 0)};
+  const DeploymentPlan plan = size_deployment(tensors, d);
+  double total = 0;
+  for (const auto& t : tensors) total += static_cast<double>(t.numel);
+  const auto& r = plan.schedule;
+  std::ostringstream md;
+  const std::string stem = fs::path(path).stem().string();
+  md << "### Deployment for " << stem << " (" << tensors.size() << " tensors, " << fixed(total / 1e9, 3)
+     << "e9 values), M = " << d.learners << ", step " << d.step_s << " s, learner link " << d.link_gbps
+     << " Gbit/s + " << d.latency_s << " s, " << ddiloco::to_string(d.codec) << " up, "
+     << ddiloco::to_string(d.global_codec) << " down\n\n"
+     << "Schedule: P = " << r.fragments << ", H = " << r.sync_every << ", tau = " << r.overlap
+     << " (balanced-greedy, imbalance " << fixed(r.imbalance, 3) << "); peak link " << fixed(r.peak_gbps, 3)
+     << " Gbit/s, mean " << fixed(r.mean_gbps, 3) << " Gbit/s; predicted compute utilisation "
+     << pct(plan.predicted_utilisation) << ".\n\n"
+     << "Syncer: " << plan.shards << (plan.shards == 1 ? " shard" : " shards") << " (" << plan.limited_by << ")"
+     << (plan.fits ? "" : "; DOES NOT FIT: even one fragment per shard exceeds a host") << ", each host "
+     << plan.cores_per_shard << " cores, " << fixed(plan.ram_gib_per_shard, 2) << " GiB RAM (bound), NIC "
+     << fixed(plan.nic_gbps_per_shard, 3) << " Gbit/s per direction (hosts of " << d.host_cores << " cores, "
+     << d.host_ram_gib << " GiB, " << d.nic_gbps << " Gbit/s, filled to " << pct(d.headroom) << ").\n\n"
+     << "| shard | fragments | elements | in MB/s | out MB/s | merge cores | I/O thread | RAM steady GiB | RAM bound GiB |\n"
+     << "|---|---|---|---|---|---|---|---|---|\n";
+  const double gib = static_cast<double>(std::size_t{1} << 30);
+  for (std::size_t s = 0; s < plan.per_shard.size(); ++s) {
+    const auto& z = plan.per_shard[s];
+    md << "| " << s << " | " << z.fragments << " | " << z.elements << " | " << fixed(z.bytes_in_per_s / 1e6, 2)
+       << " | " << fixed(z.bytes_out_per_s / 1e6, 2) << " | " << fixed(z.merge_cores, 3) << " | "
+       << fixed(z.io_cores, 3) << " | " << fixed(z.ram_steady_bytes / gib, 3) << " | " << fixed(z.ram_bound_bytes / gib, 3) << " |\n";
+  }
+  md << "\n";
+  emit(out, "size_" + stem + ".md", md.str());
+  return plan.fits ? 0 : 3;
+}
+
 int usage(std::ostream& os = std::cerr) {
   os << "usage: ddiloco_sim goodput|calibrate|timeseries|bandwidth|all [--out DIR] [--hours H] [--seed S]\n"
                "       ddiloco_sim plan MODEL.txt... [--gbps G] [--latency S] [--step S] [--bits B] [--out DIR]\n"
+               "       ddiloco_sim size MODEL [--learners M] [--step S] [--gbps G] [--latency S] [--codec C]\n"
+               "                        [--global-codec C] [--nic-gbps G] [--cores N] [--ram-gib G] [--headroom F]\n"
+               "                        [--fragments P] [--sync-every H] [--overlap T] [--out DIR]\n"
                "       ddiloco_sim all [--out DIR] [--models DIR]    (DIR holds llama-1b.txt, gemma-2b.txt, moe-small.txt)\n"
                "       ddiloco_sim --version\n";
   return 2;
@@ -386,6 +474,7 @@ int main(int argc, char** argv) {
     if (a.command == "timeseries") return cmd_timeseries(a, out);
     if (a.command == "bandwidth") return cmd_bandwidth(a, out);
     if (a.command == "plan") return cmd_plan(a, out);
+    if (a.command == "size") return cmd_size(a, out);
     if (a.command == "all") {
       const fs::path models = models_dir(a);  // before the long runs: a missing folder fails now
       cmd_calibrate(a, out);

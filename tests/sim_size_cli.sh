@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# ddiloco_sim size on the command line: a deployment that fits (exit 0, the
+# schedule and shard table printed and written), one that does not (exit 3,
+# said so), and bad flags (exit 1, the value named).
+# Usage: sim_size_cli.sh PATH/TO/ddiloco_sim MODELS_DIR OUT_DIR
+set -euo pipefail
+sim=$1 models=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$sim" size "$models/llama-1b.txt" --learners 8 --step 0.5 --gbps 1 --out "$out" > "$out/fits.txt" ||
+  fail "a deployment that fits exited $?"
+grep -q "Schedule: P = " "$out/fits.txt" || fail "no schedule line"
+grep -Eq "Syncer: [0-9]+ shards? \(" "$out/fits.txt" || fail "no syncer line"
+grep -q "^| 0 | " "$out/fits.txt" || fail "no shard table"
+cmp -s "$out/fits.txt" "$out/size_llama-1b.md" || fail "the file differs from what was printed"
+# A fixed schedule is taken as given.
+"$sim" size "$models/llama-1b.txt" --fragments 12 --sync-every 48 --overlap 2 --out "$out" | grep -q "P = 12, H = 48, tau = 2" ||
+  fail "--fragments/--sync-every/--overlap not taken"
+
+set +e
+"$sim" size "$models/llama-1b.txt" --ram-gib 0.01 --out "$out" > "$out/nofit.txt"
+rc=$?
+set -e
+[ "$rc" -eq 3 ] || fail "a deployment that cannot fit exited $rc, not 3"
+grep -q "DOES NOT FIT" "$out/nofit.txt" || fail "no DOES NOT FIT"
+
+for bad in "--learners 0:learners = 0" "--headroom 2:headroom = 2" "--codec int3:int3" "--cores 1.5:--cores 1.5"; do
+  flag=${bad%%:*} want=${bad#*:}
+  set +e
+  # shellcheck disable=SC2086
+  msg=$("$sim" size "$models/llama-1b.txt" $flag --out "$out" 2>&1 >/dev/null)
+  rc=$?
+  set -e
+  [ "$rc" -eq 1 ] || fail "$flag exited $rc, not 1"
+  grep -qF -- "$want" <<< "$msg" || fail "$flag: message '$msg' does not name '$want'"
+done
+"$sim" size 2>/dev/null && fail "size without a model succeeded"
+echo "sim_size_cli: ok"
