@@ -161,6 +161,29 @@ TEST_CASE("fast decode_range decodes every codec like ddiloco::decode, chunk by 
   }
 }
 
+TEST_CASE("fast fp16 decoding gives the reference's bits for all 65536 patterns, both builds", "[fast][codec][isa]") {
+  std::vector<std::byte> bytes(2 * 65536);
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    bytes[2 * h] = static_cast<std::byte>(h & 0xFFU);
+    bytes[2 * h + 1] = static_cast<std::byte>(h >> 8);
+    INFO("h = " << h);
+    REQUIRE(std::bit_cast<std::uint32_t>(fast::detail::fp16_to_float_select(h)) ==
+            std::bit_cast<std::uint32_t>(ddiloco::detail::fp16_to_float(static_cast<std::uint16_t>(h))));
+  }
+  for (const bool baseline : {true, false}) {
+    fast::use_baseline_kernels(baseline);
+    std::vector<float> out(65536);
+    for (std::size_t lo = 0; lo < 65536; lo += fast::kChunk)  // the merge's chunks
+      REQUIRE(fast::decode_range(Codec::fp16, bytes.data(), 65536, lo, fast::kChunk, out.data() + lo));
+    for (std::uint32_t h = 0; h < 65536; ++h) {
+      INFO("h = " << h << (baseline ? " baseline" : " best"));
+      REQUIRE(std::bit_cast<std::uint32_t>(out[h]) ==
+              std::bit_cast<std::uint32_t>(ddiloco::detail::fp16_to_float(static_cast<std::uint16_t>(h))));
+    }
+  }
+  fast::use_baseline_kernels(false);
+}
+
 TEST_CASE("fast valid_encoding and decode_range reject what ddiloco::decode rejects", "[fast][codec]") {
   for (const Codec codec : {Codec::int8, Codec::int4}) {
     for (const std::size_t n : {std::size_t{1}, std::size_t{65}, std::size_t{4097}}) {
