@@ -12,6 +12,8 @@
 // recv(2) into one reused buffer. Bytes/s and frames/s; real time (the work is
 // on two threads and the kernel). Target: ZeroMQ at least 80% of plain TCP.
 // The CURVE rows show the cost of encryption (not part of the target).
+// BM_SocketToMerge: eight learners' contribution frames on loopback folded by
+// the syncer as ddiloco_syncer runs it, one merge round per iteration.
 // BM_LearnerStepNothingDueZmq: OuterLoop::step with nothing due over a real
 // ZmqLearnerTransport joined to a Syncer served on loopback, the setting of
 // bench/python_step.py's Python Learner.step() (which drives this same OuterLoop).
@@ -40,6 +42,7 @@
 #include <zmq.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -278,6 +281,136 @@ void BM_syncer_send_merged(benchmark::State& state) {
   state.SetLabel(std::string(ddiloco::to_string(config.global_codec)));
 }
 
+// ---- socket to merge ---------------------------------------------------------
+
+/// Socket to merge: M learners' contribution frames (one fp32 fragment of
+/// 2^log2n elements, encoded once, sent zero-copy from M DEALER sockets on one
+/// client context, only their headers rewritten each round) reach
+/// ZmqSyncerTransport + SyncerRuntime + Syncer<> on loopback, set up as
+/// ddiloco_syncer runs them (contributions kept encoded, payload checks in the
+/// syncer's norm scan, 2 merge workers), with K = M. One iteration is one
+/// round: every learner sends, the syncer merges the M contributions, and every
+/// learner receives the merged global (int4, so the down-link takes an eighth
+/// of the up-link's bytes). Bytes: the contribution frames, so bytes/s is the
+/// rate the syncer absorbs contributions; BM_zmq_plaintext_zero_copy at the
+/// same frame size in the same run is what one loopback socket pair delivers.
+/// Arguments {log2 n, M}.
+void BM_SocketToMerge(benchmark::State& state) {
+  using SyncerT = ddiloco::Syncer<>;
+  const std::size_t n = std::size_t{1} << state.range(0);
+  const auto m_learners = static_cast<ddiloco::LearnerId>(state.range(1));
+  const ddiloco::Plan plan = ddiloco::make_plan({{"w", n, false}}, 1);
+  const ddiloco::SteadyClock clock;
+  ddiloco::SyncerConfig sc;
+  sc.quorum.min_quorum = m_learners;
+  sc.quorum.grace = false;
+  sc.quorum.deadline = std::chrono::hours(1);
+  sc.heartbeat_timeout = std::chrono::hours(1);
+  sc.send_merged_to = ddiloco::MergeRecipients::contributors;
+  SyncerT syncer(plan, std::vector<float>(n, 0.5f), clock, sc);
+  ddiloco::ZmqSyncerConfig zc;
+  zc.bind = "tcp://127.0.0.1:*";
+  zc.security = ddiloco::ZmqSecurity::plaintext();
+  zc.keep_contributions_encoded = true;
+  zc.global_codec = ddiloco::Codec::int4;
+  ddiloco::size_for_plan(zc, plan);
+  ddiloco::ZmqSyncerTransport served(zc, clock);
+  ddiloco::SyncerRuntime<SyncerT, ddiloco::ZmqSyncerTransport> runtime(syncer, served);
+  runtime.start();
+
+  void* ctx = zmq_ctx_new();
+  std::vector<void*> dealers;
+  const int zero = 0;
+  for (ddiloco::LearnerId id = 0; id < m_learners; ++id) {
+    void* d = zmq_socket(ctx, ZMQ_DEALER);
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_connect(d, served.endpoint().c_str()) != 0) die("zmq_connect");
+    dealers.push_back(d);
+  }
+  // The next frame of `type` on dealer d (others dropped); false after 30 s.
+  const auto await = [&](void* d, ddiloco::MessageType type, std::uint64_t* sequence) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    zmq_pollitem_t item{d, 0, ZMQ_POLLIN, 0};
+    for (;;) {
+      if (zmq_poll(&item, 1, 30000) <= 0) {
+        zmq_msg_close(&msg);
+        return false;
+      }
+      if (zmq_msg_recv(&msg, d, 0) < 0) die("zmq_msg_recv");
+      const auto* p = static_cast<const std::byte*>(zmq_msg_data(&msg));
+      if (zmq_msg_size(&msg) >= ddiloco::kFrameHeaderSize &&
+          p[ddiloco::detail::frame_offset::type] == static_cast<std::byte>(type)) {
+        if (sequence != nullptr) *sequence = ddiloco::detail::load_u64(p + ddiloco::detail::frame_offset::sequence);
+        zmq_msg_close(&msg);
+        return true;
+      }
+    }
+  };
+  std::vector<std::uint64_t> base(m_learners);
+  for (ddiloco::LearnerId id = 0; id < m_learners; ++id) {
+    ddiloco::Message join;
+    join.type = ddiloco::MessageType::join;
+    join.fingerprint = plan.fingerprint();
+    join.learner = id;
+    join.sequence = 1000 + id;
+    const auto f = ddiloco::encode_frame(join, ddiloco::Codec::fp32);
+    if (zmq_send(dealers[id], f.data(), f.size(), 0) < 0) die("zmq_send (join)");
+    if (!await(dealers[id], ddiloco::MessageType::full_state, &base[id])) {
+      state.SkipWithError("a learner got no full state after joining");
+      return;
+    }
+  }
+  // Each learner's contribution frame: encoded once, its header rewritten per round.
+  std::vector<ddiloco::Message> contribution(m_learners);
+  std::vector<std::vector<std::byte>> frames;
+  std::vector<std::uint32_t> crcs;
+  for (ddiloco::LearnerId id = 0; id < m_learners; ++id) {
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7 + id) % 1000) * 1e-6f;
+    ddiloco::Message& c = contribution[id];
+    c.type = ddiloco::MessageType::contribution;
+    c.fingerprint = plan.fingerprint();
+    c.learner = id;
+    c.steps = 24;
+    c.tokens = 24 * 4096;
+    c.payload = ddiloco::make_payload(std::move(v));
+    frames.push_back(ddiloco::encode_frame(c, ddiloco::Codec::fp32));
+    crcs.push_back(ddiloco::frame_payload_crc(frames.back()));
+  }
+  std::uint64_t round = 0;
+  for (auto _ : state) {
+    for (ddiloco::LearnerId id = 0; id < m_learners; ++id) {
+      ddiloco::Message& c = contribution[id];
+      c.sequence = base[id] + 1 + round;
+      c.version = round;
+      c.step = 24 * (round + 1);
+      ddiloco::finish_frame(c, ddiloco::Codec::fp32, crcs[id], frames[id]);
+      zmq_msg_t msg;  // sent from our buffer: unchanged until the round's globals are back
+      zmq_msg_init_data(&msg, frames[id].data(), frames[id].size(), nullptr, nullptr);
+      if (zmq_msg_send(&msg, dealers[id], 0) < 0) die("zmq_msg_send");
+    }
+    for (ddiloco::LearnerId id = 0; id < m_learners; ++id) {
+      if (!await(dealers[id], ddiloco::MessageType::global_fragment, nullptr)) {
+        state.SkipWithError("no merged global within 30 s");
+        break;
+      }
+    }
+    ++round;
+  }
+  runtime.stop();
+  for (void* d : dealers) zmq_close(d);
+  zmq_ctx_term(ctx);
+  if (syncer.status().merges != round || syncer.status().rejected_total() != 0) {
+    state.SkipWithError("not every round merged all contributions");
+    return;
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * m_learners *
+                          static_cast<std::int64_t>(frames[0].size()));
+  state.counters["merges_per_s"] =
+      benchmark::Counter(static_cast<double>(round), benchmark::Counter::kIsRate);
+}
+
 // ---- the learner's step ----------------------------------------------------
 
 /// A learner joined over ZeroMQ (plaintext, loopback) to a Syncer +
@@ -438,6 +571,8 @@ BENCHMARK(BM_syncer_send_merged)
     ->Args({24, 8, static_cast<int>(ddiloco::Codec::int4)})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+BENCHMARK(BM_SocketToMerge)->Args({22, 8})->Args({24, 8})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
 // 60000 steps, 15 repetitions: the median is what bench/python_step.py compares with.
 BENCHMARK(BM_LearnerStepNothingDueZmq)->Iterations(60000)->Repetitions(15)->Unit(benchmark::kNanosecond);
