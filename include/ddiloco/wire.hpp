@@ -383,19 +383,10 @@ enum class PayloadChecks : std::uint8_t {
 };
 
 namespace detail {
-template <bool CheckPayload>
-FrameViewResult decode_frame_view_impl(std::span<const std::byte> frame, const DecodeLimits& limits) noexcept;
-}  // namespace detail
-
-/// Validates every header field, the lengths and the payload checksum; does not
-/// decode the payload (its scales and codes are checked only by decode_frame).
-inline FrameViewResult decode_frame_view(std::span<const std::byte> frame, const DecodeLimits& limits = {}) noexcept {
-  return detail::decode_frame_view_impl<true>(frame, limits);
-}
-
-namespace detail {
-template <bool CheckPayload>
-FrameViewResult decode_frame_view_impl(std::span<const std::byte> frame, const DecodeLimits& limits) noexcept {
+/// decode_frame_view, the payload checksum compared only when `check_payload`
+/// (decode_frame_keep_encoded with PayloadChecks::deferred leaves it to the syncer).
+inline FrameViewResult decode_frame_view(std::span<const std::byte> frame, const DecodeLimits& limits,
+                                         bool check_payload) noexcept {
   namespace o = detail::frame_offset;
   if (frame.size() < kFrameHeaderSize) return WireError::too_short;
   const std::byte* p = frame.data();
@@ -435,12 +426,16 @@ FrameViewResult decode_frame_view_impl(std::span<const std::byte> frame, const D
   if (have < h.payload_bytes) return WireError::too_short;
   if (have > h.payload_bytes) return WireError::length_mismatch;
   const auto payload = frame.subspan(kFrameHeaderSize);
-  if constexpr (CheckPayload) {
-    if (detail::crc32c(payload) != h.payload_crc) return WireError::payload_checksum;
-  }
+  if (check_payload && detail::crc32c(payload) != h.payload_crc) return WireError::payload_checksum;
   return FrameView{h, payload};
 }
 }  // namespace detail
+
+/// Validates every header field, the lengths and the payload checksum; does not
+/// decode the payload (its scales and codes are checked only by decode_frame).
+inline FrameViewResult decode_frame_view(std::span<const std::byte> frame, const DecodeLimits& limits = {}) noexcept {
+  return detail::decode_frame_view(frame, limits, true);
+}
 
 namespace detail {
 /// The Message fields a frame header carries (everything but the payload).
@@ -490,15 +485,14 @@ inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeL
 inline DecodeResult decode_frame_keep_encoded(std::span<const std::byte> frame, const DecodeLimits& limits,
                                               std::shared_ptr<const void> owner,
                                               PayloadChecks checks = PayloadChecks::now) {
-  auto view = checks == PayloadChecks::now ? detail::decode_frame_view_impl<true>(frame, limits)
-                                           : detail::decode_frame_view_impl<false>(frame, limits);
+  auto view = detail::decode_frame_view(frame, limits, checks == PayloadChecks::now);
   if (!view) return view.error();
   const FrameHeader& h = view.value().header;
   if (h.type != MessageType::contribution || h.elements == 0) return decode_frame(frame, limits);
   const std::span<const std::byte> payload = view.value().payload;
   const auto n = static_cast<std::size_t>(h.elements);
   Message m = detail::message_from_header(h);
-  m.encoded = EncodedPayload{h.codec, n, payload, std::move(owner), std::nullopt};
+  m.encoded = EncodedPayload{h.codec, n, payload, std::move(owner)};
   if (checks == PayloadChecks::deferred) {
     m.encoded->unchecked_crc = h.payload_crc;
   } else if (!fast::valid_encoding(h.codec, payload.data(), n)) {
