@@ -15,6 +15,7 @@
 #include <ddiloco/safetensors.hpp>
 
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <span>
@@ -28,12 +29,32 @@
 using namespace ddiloco;
 namespace fs = std::filesystem;
 
+namespace {
+/// A checkpoint file, or a directory's newest valid one (as the syncer would resume from).
+LoadedCheckpoint load_one(const std::string& ck) {
+  if (ck.empty() || !fs::exists(ck))
+    throw InvalidArgument("--checkpoint '" + ck + "' does not exist; give a checkpoint file or the syncer's "
+                          "--checkpoint-dir (one per syncer shard, comma-separated)");
+  if (!fs::is_directory(ck)) return read_checkpoint(ck);
+  std::vector<CheckpointProblem> skipped;
+  auto loaded = load_newest_valid(ck, skipped);
+  for (const auto& p : skipped)
+    std::fprintf(stderr, "ddiloco_export: skipped damaged checkpoint %s: %s\n", p.path.string().c_str(),
+                 p.reason.c_str());
+  if (!loaded)
+    throw InvalidArgument("--checkpoint '" + ck + "' holds no valid checkpoint (checkpoint-*.ddck); check the "
+                          "directory (the syncer's --checkpoint-dir)");
+  return std::move(*loaded);
+}
+}  // namespace
+
 int main(int argc, char** argv) try {
   cli::Flags f("ddiloco_export", "write a syncer checkpoint's global parameters to a .safetensors file");
   f.add("config", "", "file of `name = value` lines with any of these flags");
   f.add("checkpoint", "",
         "a checkpoint file (checkpoint-*.ddck), or a checkpoint directory: its newest valid checkpoint, as the "
-        "syncer would resume from (required)");
+        "syncer would resume from (required); for a syncer sharded by fragment one per shard, comma-separated, "
+        "with the model flags (shard checkpoints record no tensor names)");
   f.add("out", "", "the .safetensors file to write (atomically: complete or not at all) (required)");
   cli::add_model_flags(f);
   f.add("fragments", "0",
@@ -44,23 +65,20 @@ int main(int argc, char** argv) try {
   if (ck.empty()) throw InvalidArgument("give --checkpoint FILE_OR_DIR (the syncer's --checkpoint-dir); see --help");
   if (out.empty()) throw InvalidArgument("give --out FILE.safetensors; see --help");
 
-  if (!fs::exists(ck))
-    throw InvalidArgument("--checkpoint '" + ck + "' does not exist; give a checkpoint file or the syncer's "
-                          "--checkpoint-dir");
-  LoadedCheckpoint c;
-  if (fs::is_directory(ck)) {
-    std::vector<CheckpointProblem> skipped;
-    auto loaded = load_newest_valid(ck, skipped);
-    for (const auto& p : skipped)
-      std::fprintf(stderr, "ddiloco_export: skipped damaged checkpoint %s: %s\n", p.path.string().c_str(),
-                   p.reason.c_str());
-    if (!loaded)
-      throw InvalidArgument("--checkpoint '" + ck + "' holds no valid checkpoint (checkpoint-*.ddck); check the "
-                            "directory (the syncer's --checkpoint-dir)");
-    c = std::move(*loaded);
-  } else {
-    c = read_checkpoint(ck);
+  // One checkpoint (file or directory) per syncer shard, comma-separated.
+  std::vector<LoadedCheckpoint> loaded;
+  for (std::size_t at = 0; at <= ck.size();) {
+    const std::size_t end = std::min(ck.find(',', at), ck.size());
+    loaded.push_back(load_one(ck.substr(at, end - at)));
+    at = end + 1;
   }
+  LoadedCheckpoint c;
+  if (loaded.size() == 1 && loaded[0].snapshot.shard_count > 1)
+    throw InvalidArgument(detail::msg("--checkpoint '", ck, "' is of syncer shard ", loaded[0].snapshot.shard_index,
+                                      "/", loaded[0].snapshot.shard_count, ": it holds only that shard's fragments; "
+                                      "give every shard's checkpoint, comma-separated (--checkpoint ckpt0,ckpt1), "
+                                      "with the model flags the shards ran with"));
+  c = loaded.size() == 1 ? std::move(loaded[0]) : combine_shards(loaded);
 
   const bool model_given = f.flag("reference-model") || !f.str("init").empty() || !f.str("tensors").empty();
   std::vector<std::vector<std::uint64_t>> shapes;

@@ -16,6 +16,7 @@
 #include <ddiloco/adapters/eigen.hpp>
 #include <ddiloco/outer_loop.hpp>
 #include <ddiloco/reference/char_lm.hpp>
+#include <ddiloco/transport/sharded.hpp>
 #include <ddiloco/transport/zmq.hpp>
 
 #include <atomic>
@@ -23,8 +24,10 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cli.hpp"
 #include "metrics.hpp"
@@ -40,6 +43,21 @@ std::atomic<int> g_signal{0};
 extern "C" void on_signal(int sig) {
   g_signal.store(sig);
   std::signal(sig, SIG_DFL);
+}
+
+/// "A,B,C" (--connect) -> {"A", "B", "C"}; an empty item is an error.
+std::vector<std::string> split_endpoints(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  for (;;) {
+    const std::size_t end = std::min(s.find(',', at), s.size());
+    if (end == at)
+      throw InvalidArgument("--connect '" + s + "': an empty endpoint; give tcp://HOST:PORT, or one per syncer "
+                            "shard separated by commas (no spaces)");
+    out.push_back(s.substr(at, end - at));
+    if (end == s.size()) return out;
+    at = end + 1;
+  }
 }
 
 /// --observe: fetches the global state every --observe-every-ms and prints its
@@ -82,82 +100,10 @@ int observe(const cli::Flags& f, const ZmqLearnerConfig& zc, const Plan& plan, r
   std::printf("observer %u: done\n", zc.id);
   return 0;
 }
-}  // namespace
-
-int main(int argc, char** argv) try {
-  cli::Flags f("ddiloco_learner", "a Decoupled DiLoCo learner training the reference model over ZeroMQ");
-  f.add("config", "", "file of `name = value` lines with any of these flags");
-  f.add("connect", "tcp://127.0.0.1:5555", "the syncer's endpoint");
-  f.add("id", "0", "this learner's id (unique; the allow-list binds it to this learner's key)");
-  f.add("shard", "0", "data shard index of this learner");
-  f.add("shards", "1", "number of data shards (usually the number of learners)");
-  f.add("steps", "1000", "inner-step budget (0: no limit; stop with SIGTERM/SIGINT or --stop-file)");
-  f.add("stop-file", "",
-        "stop (leave, exit 0) after the inner step at which this file exists; tests use it to keep a learner "
-        "training until they have seen what they wait for");
-  f.add("pause-after-steps", "0",
-        "after this inner step (and its progress line, if one is due) stop the process with SIGSTOP until SIGCONT, "
-        "still joined; tests freeze learners at an exact step this way (0: never)");
-  f.add("seed", "1", "seed of the model's initial values (must match the syncer's)");
-  f.add("fragments", "5", "P (must match the syncer)");
-  f.add("sync-every", "24", "H: inner steps between two syncs of a fragment");
-  f.add("overlap", "2", "tau: steps between a send and the application of its result");
-  cli::add_round_flag(f, "this learner");
-  f.add("codec", "fp32", "codec of the outer gradients sent: fp32, bf16, fp16, int8, int4");
-  f.add("error-feedback", "false", "carry the quantisation residual into the next send", true);
-  f.add("keys", "", "this learner's key file (from ddiloco_keygen)");
-  f.add("server-key", "", "the syncer's public key file");
-  f.add("plaintext", "false", "connect WITHOUT encryption or authentication (explicit choice)", true);
-  f.add("join-timeout-ms", "0",
-        "give up joining after this long; 0: derived from the model's size and --join-link-mbit (30 s + twice the "
-        "state's time on that link)");
-  f.add("join-link-mbit", "100",
-        "this learner's link to the syncer in Mbit/s, as declared: sizes the derived join time-out (a 1 GiB model "
-        "at 100 Mbit/s: 30 + 2 x 86 s)");
-  f.add("lock-step", "false",
-        "wait at send + tau for each fragment's merged result (synchronous / Streaming DiLoCo baseline)", true);
-  f.add("lock-step-timeout-ms", "60000", "in lock-step mode, stop waiting for a result after this long");
-  f.add("eval-every", "200", "print a progress line every this many steps");
-  f.add("eval-examples", "2048", "validation examples per progress line");
-  f.add("observe", "false",
-        "observe instead of training: fetch the global model every --observe-every-ms and print its validation "
-        "loss (never counted as a learner; under CURVE its --id and key must be on the allow-list: give it an "
-        "id of its own)",
-        true);
-  f.add("observe-every-ms", "5000", "with --observe: time between two fetches of the global model");
-  f.add("observe-count", "0", "with --observe: stop after this many fetches (0: until SIGTERM/SIGINT)");
-  cli::add_metrics_flags(f);
-  if (!f.parse(argc, argv)) return 0;
-  cli::check_metrics_flags(f, "ddiloco_learner");
-  if (f.count("steps") != 0 && f.count("pause-after-steps") > f.count("steps"))
-    throw InvalidArgument("--pause-after-steps = " + std::to_string(f.count("pause-after-steps")) +
-                          " is beyond --steps = " + std::to_string(f.count("steps")) +
-                          ": it would never pause; pass at most --steps, or 0");
-
-  const auto corpus = ref::load_fortunes();
-  ref::TrainerConfig tc;
-  tc.seed = static_cast<std::uint64_t>(f.integer("seed"));
-  ref::Trainer trainer(tc, corpus.train, ref::Shard{f.count("shard"), f.count("shards")});
-  ref::CharLm scorer(tc.model);
-  const Plan plan = make_plan(trainer.model().tensor_specs(), f.count("fragments"));
-
-  SteadyClock clock;
-  ZmqLearnerConfig zc;
-  zc.connect = f.str("connect");
-  zc.id = static_cast<LearnerId>(f.integer("id"));
-  zc.error_feedback = f.flag("error-feedback");
-  zc.codec = parse_codec(f.str("codec"));
-  size_for_plan(zc, plan);  // a syncer frame larger than the plan's largest fragment cuts the connection
-  if (f.flag("plaintext")) {
-    zc.security = ZmqSecurity::plaintext();
-  } else {
-    if (f.str("keys").empty() || f.str("server-key").empty())
-      throw InvalidArgument("CURVE security needs --keys and --server-key; pass --plaintext to run unencrypted");
-    zc.security.own = read_key_file(f.str("keys"));
-    zc.security.server_public_key = read_key_file(f.str("server-key")).public_key;
-  }
-  if (f.flag("observe")) return observe(f, zc, plan, scorer, corpus, trainer.params());
-  ZmqLearnerTransport link(zc, clock);
+/// Joins and trains over `link` (one syncer, or every shard of a sharded one).
+template <class Link>
+int train(const cli::Flags& f, Link& link, const ZmqLearnerConfig& zc, const std::string& endpoints,
+          ref::Trainer& trainer, ref::CharLm& scorer, const auto& corpus, const Plan& plan) {
   OuterLoopConfig oc;
   oc.id = zc.id;
   oc.sync_every = f.count("sync-every");
@@ -173,11 +119,11 @@ int main(int argc, char** argv) try {
   oc.join_link_mbit = f.num("join-link-mbit");
   oc.lock_step = f.flag("lock-step");
   oc.lock_step_timeout = std::chrono::milliseconds(f.integer("lock-step-timeout-ms"));
-  OuterLoop<ZmqLearnerTransport, Eigen::MatrixXf> outer(plan, link, oc);
+  OuterLoop<Link, Eigen::MatrixXf> outer(plan, link, oc);
   cli::LearnerMetricsFlag metrics(f, zc.id);  // serving from now on (steps 0 while joining)
   metrics.update(outer.status(), link.counters());
   auto& params = trainer.params();
-  std::printf("learner %u: joining %s (plan %016llx, %zu parameters, %s rounds)\n", zc.id, zc.connect.c_str(),
+  std::printf("learner %u: joining %s (plan %016llx, %zu parameters, %s rounds)\n", zc.id, endpoints.c_str(),
               static_cast<unsigned long long>(plan.fingerprint()), trainer.model().parameter_count(),
               std::string(to_string(oc.round)).c_str());
   std::fflush(stdout);
@@ -256,6 +202,107 @@ int main(int argc, char** argv) try {
   outer.leave();
   std::printf("learner %u: done\n", zc.id);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  cli::Flags f("ddiloco_learner", "a Decoupled DiLoCo learner training the reference model over ZeroMQ");
+  f.add("config", "", "file of `name = value` lines with any of these flags");
+  f.add("connect", "tcp://127.0.0.1:5555",
+        "the syncer's endpoint; for a syncer sharded by fragment every shard's, comma-separated in shard order "
+        "(shard i of S runs --shard i/S; all shards share one key pair under CURVE)");
+  f.add("id", "0", "this learner's id (unique; the allow-list binds it to this learner's key)");
+  f.add("shard", "0", "data shard index of this learner");
+  f.add("shards", "1", "number of data shards (usually the number of learners)");
+  f.add("steps", "1000", "inner-step budget (0: no limit; stop with SIGTERM/SIGINT or --stop-file)");
+  f.add("stop-file", "",
+        "stop (leave, exit 0) after the inner step at which this file exists; tests use it to keep a learner "
+        "training until they have seen what they wait for");
+  f.add("pause-after-steps", "0",
+        "after this inner step (and its progress line, if one is due) stop the process with SIGSTOP until SIGCONT, "
+        "still joined; tests freeze learners at an exact step this way (0: never)");
+  f.add("seed", "1", "seed of the model's initial values (must match the syncer's)");
+  f.add("fragments", "5", "P (must match the syncer)");
+  f.add("sync-every", "24", "H: inner steps between two syncs of a fragment");
+  f.add("overlap", "2", "tau: steps between a send and the application of its result");
+  cli::add_round_flag(f, "this learner");
+  f.add("codec", "fp32", "codec of the outer gradients sent: fp32, bf16, fp16, int8, int4");
+  f.add("error-feedback", "false", "carry the quantisation residual into the next send", true);
+  f.add("keys", "", "this learner's key file (from ddiloco_keygen)");
+  f.add("server-key", "", "the syncer's public key file");
+  f.add("plaintext", "false", "connect WITHOUT encryption or authentication (explicit choice)", true);
+  f.add("join-timeout-ms", "0",
+        "give up joining after this long; 0: derived from the model's size and --join-link-mbit (30 s + twice the "
+        "state's time on that link)");
+  f.add("join-link-mbit", "100",
+        "this learner's link to the syncer in Mbit/s, as declared: sizes the derived join time-out (a 1 GiB model "
+        "at 100 Mbit/s: 30 + 2 x 86 s)");
+  f.add("lock-step", "false",
+        "wait at send + tau for each fragment's merged result (synchronous / Streaming DiLoCo baseline)", true);
+  f.add("lock-step-timeout-ms", "60000", "in lock-step mode, stop waiting for a result after this long");
+  f.add("eval-every", "200", "print a progress line every this many steps");
+  f.add("eval-examples", "2048", "validation examples per progress line");
+  f.add("observe", "false",
+        "observe instead of training: fetch the global model every --observe-every-ms and print its validation "
+        "loss (never counted as a learner; under CURVE its --id and key must be on the allow-list: give it an "
+        "id of its own)",
+        true);
+  f.add("observe-every-ms", "5000", "with --observe: time between two fetches of the global model");
+  f.add("observe-count", "0", "with --observe: stop after this many fetches (0: until SIGTERM/SIGINT)");
+  cli::add_metrics_flags(f);
+  if (!f.parse(argc, argv)) return 0;
+  cli::check_metrics_flags(f, "ddiloco_learner");
+  if (f.count("steps") != 0 && f.count("pause-after-steps") > f.count("steps"))
+    throw InvalidArgument("--pause-after-steps = " + std::to_string(f.count("pause-after-steps")) +
+                          " is beyond --steps = " + std::to_string(f.count("steps")) +
+                          ": it would never pause; pass at most --steps, or 0");
+
+  const auto corpus = ref::load_fortunes();
+  ref::TrainerConfig tc;
+  tc.seed = static_cast<std::uint64_t>(f.integer("seed"));
+  ref::Trainer trainer(tc, corpus.train, ref::Shard{f.count("shard"), f.count("shards")});
+  ref::CharLm scorer(tc.model);
+  const Plan plan = make_plan(trainer.model().tensor_specs(), f.count("fragments"));
+
+  SteadyClock clock;
+  ZmqLearnerConfig zc;
+  zc.connect = f.str("connect");
+  zc.id = static_cast<LearnerId>(f.integer("id"));
+  zc.error_feedback = f.flag("error-feedback");
+  zc.codec = parse_codec(f.str("codec"));
+  size_for_plan(zc, plan);  // a syncer frame larger than the plan's largest fragment cuts the connection
+  if (f.flag("plaintext")) {
+    zc.security = ZmqSecurity::plaintext();
+  } else {
+    if (f.str("keys").empty() || f.str("server-key").empty())
+      throw InvalidArgument("CURVE security needs --keys and --server-key; pass --plaintext to run unencrypted");
+    zc.security.own = read_key_file(f.str("keys"));
+    zc.security.server_public_key = read_key_file(f.str("server-key")).public_key;
+  }
+  const std::vector<std::string> endpoints = split_endpoints(f.str("connect"));
+  if (f.flag("observe") && endpoints.size() > 1)
+    throw InvalidArgument("--observe takes one syncer endpoint; a sharded syncer's global model is the union of "
+                          "its shards' fragments, which the observer does not assemble yet: observe an unsharded "
+                          "run, or read each shard's status");
+  if (f.flag("observe")) return observe(f, zc, plan, scorer, corpus, trainer.params());
+  if (endpoints.size() == 1) {
+    ZmqLearnerTransport link(zc, clock);
+    return train(f, link, zc, zc.connect, trainer, scorer, corpus, plan);
+  }
+  // A syncer sharded by fragment: one link per shard, in shard order (docs/sharding.md).
+  if (endpoints.size() > plan.num_fragments())
+    throw InvalidArgument(detail::msg("--connect lists ", endpoints.size(), " syncer shards but the plan has ",
+                                      plan.num_fragments(), " fragments (each shard serves at least one); "
+                                      "list one endpoint per shard, or raise --fragments"));
+  std::vector<std::unique_ptr<ZmqLearnerTransport>> links;
+  for (const auto& e : endpoints) {
+    ZmqLearnerConfig one = zc;
+    one.connect = e;
+    links.push_back(std::make_unique<ZmqLearnerTransport>(one, clock));
+  }
+  ShardedLearnerTransport<ZmqLearnerTransport> link(plan, std::move(links));
+  return train(f, link, zc, f.str("connect"), trainer, scorer, corpus, plan);
 } catch (const std::exception& e) {
   std::fprintf(stderr, "ddiloco_learner: %s\n", e.what());
   return 1;

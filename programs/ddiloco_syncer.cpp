@@ -21,6 +21,8 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "cli.hpp"
 #include "model_flags.hpp"
@@ -51,6 +53,7 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
         << "\nsequence_epoch=" << s.sequence_epoch << "\nclipped=" << s.contributions_clipped
         << "\nweights_capped=" << s.weights_capped << "\n";
     // The round mode, the global step (kept in both modes) and the pull rounds' counters (0 in push rounds).
+    out << "shard_index=" << s.shard_index << "\nshard_count=" << s.shard_count << "\nshard_map=" << s.shard_map << "\n";
     out << "round=" << to_string(round) << "\nglobal_step=" << s.global_step << "\npull_rounds=" << s.pull_rounds
         << "\npulls_sent=" << s.pulls_sent << "\npull_timeouts=" << s.pull_timeouts
         << "\npull_rounds_empty=" << s.pull_rounds_empty << "\n";
@@ -115,6 +118,20 @@ std::string round_line(RoundMode round, const SyncerStatus& s) {
          " pull-rounds-empty " + std::to_string(s.pull_rounds_empty);
 }
 
+/// "i/S" (--shard) -> (i, S); i counted from 0.
+std::pair<std::size_t, std::size_t> parse_shard(const std::string& s) {
+  const auto slash = s.find('/');
+  const auto digits = [](const std::string& x) {
+    return !x.empty() && x.size() <= 4 && x.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (slash != std::string::npos && digits(s.substr(0, slash)) && digits(s.substr(slash + 1))) {
+    const std::size_t i = std::stoul(s.substr(0, slash)), n = std::stoul(s.substr(slash + 1));
+    if (n >= 1 && n <= kMaxShards && i < n) return {i, n};
+  }
+  throw InvalidArgument("--shard '" + s + "': expected i/S with S in [1, " + std::to_string(kMaxShards) +
+                        "] and i in [0, S), e.g. 0/2 and 1/2 for two shards (0/1: not sharded)");
+}
+
 MergeRecipients parse_recipients(const std::string& s) {
   if (s == "alive") return MergeRecipients::alive;
   if (s == "contributors") return MergeRecipients::contributors;
@@ -122,7 +139,7 @@ MergeRecipients parse_recipients(const std::string& s) {
 }
 
 template <class Rule, class Opt>
-int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::vector<CheckpointTensor>& tensors,
+int serve(const cli::Flags& f, Plan plan, std::vector<float> init, std::vector<CheckpointTensor> tensors,
           const std::string& zero_init, Rule rule, Opt opt) {
   SteadyClock clock;
   SyncerConfig sc;
@@ -155,6 +172,7 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   sc.join_burst = f.count("join-burst");
   sc.join_burst_per_learner = f.count("join-burst-per-learner");
   sc.prune_after = std::chrono::seconds(f.integer("prune-after-s"));
+  std::tie(sc.shard_index, sc.shard_count) = parse_shard(f.str("shard"));
   // The newest valid checkpoint is read before the syncer allocates its state,
   // so a refused start (all-zero parameters and nothing to resume) costs nothing.
   const std::string ckdir = f.str("checkpoint-dir");
@@ -172,6 +190,8 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
     throw InvalidArgument(zero_init);
   }
   Syncer<Rule, Opt> syncer(plan, init, clock, sc, rule, opt);
+  // A shard's checkpoints hold its fragments only: no tensor names (ddiloco_export needs a whole model).
+  if (sc.shard_count > 1) tensors.clear();
   if (loaded) {
     // A crash may have lost merges that learners already applied: start a
     // new version epoch so that every learner is answered and rebases.
@@ -198,7 +218,11 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   zc.keep_contributions_encoded = !f.flag("decode-contributions");
   // Memory bounds (docs/operations.md): the largest legal frame is a contribution
   // of the largest fragment in fp32; anything larger cuts the sender's connection.
-  size_for_plan(zc, plan);
+  // A shard's bounds follow its own fragments (about 1/S of the model's).
+  if (sc.shard_count > 1)
+    size_for_shard(zc, plan, ShardMap(plan, sc.shard_count), sc.shard_index);
+  else
+    size_for_plan(zc, plan);
   constexpr std::size_t MiB = std::size_t{1} << 20;
   // 0: as size_for_plan derived it from the model (docs/operations.md gives the formulas).
   if (f.count("peer-send-budget-mb") != 0) zc.peer_send_budget = f.count("peer-send-budget-mb") * MiB;
@@ -226,6 +250,14 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, const std::ve
   if (!f.str("endpoint-file").empty()) {
     std::ofstream(f.str("endpoint-file") + ".tmp") << link.endpoint() << "\n";
     fs::rename(f.str("endpoint-file") + ".tmp", f.str("endpoint-file"));
+  }
+  if (sc.shard_count > 1) {
+    const ShardMap map(plan, sc.shard_count);
+    std::string frags;
+    for (std::size_t p : map.fragments_of(sc.shard_index)) frags += (frags.empty() ? "" : ",") + std::to_string(p);
+    std::printf("syncer: shard %zu/%zu (map %016llx): fragments %s, %zu of %zu parameters\n", sc.shard_index,
+                sc.shard_count, static_cast<unsigned long long>(map.fingerprint()), frags.c_str(),
+                map.elements_of(sc.shard_index), plan.total_numel());
   }
   std::fflush(stdout);
 
@@ -378,6 +410,10 @@ int main(int argc, char** argv) try {
         "until it reads again, so it is declared dead after --heartbeat-timeout-ms and sent nothing more");
   f.add("max-peers", "4096", "reply routes kept (learner ids heard from); beyond it the least recently heard are "
                              "forgotten");
+  f.add("shard", "0/1",
+        "i/S: serve only shard i of S (counted from 0) of the fragments, as ShardMap derives them from the plan; "
+        "run one syncer per shard, each with its own --bind and --checkpoint-dir, and give learners every "
+        "shard's endpoint in shard order (--connect A,B); 0/1: one syncer serves everything");
   f.add("workers", "2", "merge worker threads");
   f.add("status-every-ms", "5000", "status line interval, milliseconds");
   f.add("status-file", "", "also write the latest status as key=value lines to this file");

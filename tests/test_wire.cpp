@@ -520,7 +520,7 @@ TEST_CASE("each WireError is provoked by a crafted frame and counted once", "[wi
     put(f, 20, 0, 4);  // reason 0 is no JoinRefusal
     reseal(f);
     cases.emplace_back(WireError::bad_reason, f);
-    put(f, 20, 7, 4);  // nor is 7 (the last is JoinRefusal::round_mode = 6)
+    put(f, 20, 8, 4);  // nor is 8 (the last is JoinRefusal::shard_map = 7)
     reseal(f);
     cases.emplace_back(WireError::bad_reason, f);
   }

@@ -47,6 +47,10 @@
 //   epoch (optional, at most one; files written before it existed have none,
 //     which reads as 0): sequence_epoch u64 (SyncerSnapshot::sequence_epoch,
 //     the restores after a crash so far), below 2^16.
+//   shard (optional, at most one; only a sharded syncer's files have it, which
+//     reads as shard 0 of 1): shard_index u64, shard_count u64, shard map
+//     fingerprint u64 (SyncerSnapshot). Such a file holds empty theta and
+//     state for the fragments other shards serve, and no tensors section.
 //   Sections with another tag are skipped (room for later additions), so the
 //   format version stays 1: older readers skip the tensors and epoch sections
 //   (and a syncer of theirs restoring such a file starts from epoch 0, as it
@@ -142,7 +146,7 @@ inline std::optional<std::uint64_t> checkpoint_serial(std::string_view name) {
 
 namespace detail {
 
-enum class CheckpointSection : std::uint32_t { meta = 1, fragment = 2, members = 3, tensors = 4, epoch = 5 };
+enum class CheckpointSection : std::uint32_t { meta = 1, fragment = 2, members = 3, tensors = 4, epoch = 5, shard = 6 };
 inline constexpr std::size_t kCheckpointHeaderBytes = 32;
 inline constexpr std::size_t kCheckpointTrailerBytes = 4;
 inline constexpr std::size_t kCheckpointSectionHeaderBytes = 16;
@@ -403,7 +407,7 @@ inline std::string parse_checkpoint(std::span<const std::byte> file, LoadedCheck
   out.serial = serial;
   SyncerSnapshot& s = out.snapshot;
   ByteReader r(file.subspan(kCheckpointHeaderBytes, payload));
-  bool have_meta = false, have_members = false, have_tensors = false, have_epoch = false;
+  bool have_meta = false, have_members = false, have_tensors = false, have_epoch = false, have_shard = false;
   std::uint64_t fragment_count = 0;
   for (std::uint32_t k = 0; k < sections; ++k) {
     const std::uint32_t tag = r.u32("section tag");
@@ -452,6 +456,18 @@ inline std::string parse_checkpoint(std::span<const std::byte> file, LoadedCheck
         else
           err = c.error;
         break;
+      case CheckpointSection::shard:
+        if (have_shard) return "a second shard section";
+        have_shard = true;
+        s.shard_index = c.u64("shard.index");
+        s.shard_count = c.u64("shard.count");
+        s.shard_map = c.u64("shard.map");
+        if (c.ok() && (s.shard_count < 2 || s.shard_count > kMaxShards || s.shard_index >= s.shard_count))
+          err = msg("shard: shard ", s.shard_index, " of ", s.shard_count, " does not exist (count in [2, ", kMaxShards,
+                    "], index below it)");
+        else
+          err = c.error;
+        break;
       default: continue;  // unknown section: skipped
     }
     if (!err.empty()) return msg("section ", k, " (tag ", tag, "): ", err);
@@ -463,6 +479,7 @@ inline std::string parse_checkpoint(std::span<const std::byte> file, LoadedCheck
   if (!have_members) return "no members section";
   if (s.fragments.size() != fragment_count)
     return msg(s.fragments.size(), " fragment sections but meta announces ", fragment_count);
+  if (have_tensors && have_shard) return "a shard's checkpoint with a tensors section (it holds only some fragments)";
   if (have_tensors) {
     std::uint64_t recorded = 0, held = 0;
     for (const auto& rec : out.tensors) recorded += tensor_numel(rec);
@@ -554,7 +571,11 @@ inline std::vector<std::byte> encode_checkpoint(const SyncerSnapshot& s, std::ui
   detail::ByteWriter w;
   for (char c : kCheckpointMagic) w.bytes().push_back(static_cast<std::byte>(c));
   w.u32(kCheckpointFormatVersion);
-  w.u32(static_cast<std::uint32_t>(3 + s.fragments.size() + (tensors.empty() ? 0 : 1)));
+  const bool sharded = s.shard_count > 1;
+  if (sharded && !tensors.empty())
+    throw InvalidArgument("encode_checkpoint: a shard's checkpoint holds only its own fragments and takes no tensors "
+                          "section (pass none)");
+  w.u32(static_cast<std::uint32_t>(3 + s.fragments.size() + (tensors.empty() ? 0 : 1) + (sharded ? 1 : 0)));
   w.u64(serial);
   w.u64(0);  // body length, patched below
   using detail::CheckpointSection;
@@ -595,6 +616,13 @@ inline std::vector<std::byte> encode_checkpoint(const SyncerSnapshot& s, std::ui
       for (auto v : {static_cast<std::uint64_t>(l.id), l.incarnation, l.first_sequence, l.join_nonce}) o.u64(v);
   });
   detail::write_section(w, CheckpointSection::epoch, [&](detail::ByteWriter& o) { o.u64(s.sequence_epoch); });
+  if (sharded) {
+    detail::write_section(w, CheckpointSection::shard, [&](detail::ByteWriter& o) {
+      o.u64(s.shard_index);
+      o.u64(s.shard_count);
+      o.u64(s.shard_map);
+    });
+  }
   if (!tensors.empty()) {
     detail::write_section(w, CheckpointSection::tensors, [&](detail::ByteWriter& o) {
       o.u64(tensors.size());
@@ -772,6 +800,57 @@ inline void check_checkpoint_plan(const LoadedCheckpoint& c, const Plan& plan, s
                                     source, ", 0x", c.snapshot.fingerprint, " in the checkpoint", std::dec,
                                     "; use the tensor list, sizes, embedding flags and --fragments the syncer ran "
                                     "with"));
+}
+
+/// The global model of a sharded run from one checkpoint of each of its S
+/// shards (in any order): fragment p's values from the shard that serves it.
+/// For export (ddiloco_export): the result is unsharded (shard 0 of 1) and
+/// holds the fragments and the plan fingerprint; membership and counters are
+/// the shards' own business and are left empty. Throws ProtocolError naming
+/// the file when the checkpoints are not exactly one per shard of one map of
+/// one plan, or a fragment is held by no shard or by two.
+inline LoadedCheckpoint combine_shards(std::span<const LoadedCheckpoint> shards) {
+  if (shards.empty()) throw InvalidArgument("combine_shards: no checkpoint; give one per syncer shard");
+  const SyncerSnapshot& first = shards[0].snapshot;
+  const std::uint64_t s_count = first.shard_count;
+  if (shards.size() != s_count)
+    throw ProtocolError(detail::msg("combine_shards: '", shards[0].path.string(), "' is of shard ", first.shard_index,
+                                    "/", s_count, ", so the run has ", s_count, " shards, but ", shards.size(),
+                                    " checkpoints were given; give one of each shard"));
+  std::vector<bool> seen(s_count, false);
+  LoadedCheckpoint out;
+  out.snapshot.fingerprint = first.fingerprint;
+  out.snapshot.optimizer = first.optimizer;
+  out.snapshot.fragments.resize(first.fragments.size());
+  std::vector<bool> held(first.fragments.size(), false);
+  for (const auto& c : shards) {
+    const auto& s = c.snapshot;
+    const std::string file = c.path.string();
+    if (s.fingerprint != first.fingerprint || s.shard_count != s_count || s.shard_map != first.shard_map ||
+        s.fragments.size() != first.fragments.size())
+      throw ProtocolError(detail::msg("combine_shards: '", file, "' (plan ", detail::hex16(s.fingerprint), ", shard ",
+                                      s.shard_index, "/", s.shard_count, ", map ", detail::hex16(s.shard_map),
+                                      ") is not of the run of '", shards[0].path.string(), "' (plan ",
+                                      detail::hex16(first.fingerprint), ", ", s_count, " shards, map ",
+                                      detail::hex16(first.shard_map), ")"));
+    if (seen[s.shard_index])
+      throw ProtocolError(detail::msg("combine_shards: two checkpoints of shard ", s.shard_index, "/", s_count,
+                                      " (the second is '", file, "'); give one of each shard"));
+    seen[s.shard_index] = true;
+    out.serial = std::max(out.serial, c.serial);
+    for (std::size_t p = 0; p < s.fragments.size(); ++p) {
+      if (s.fragments[p].theta.empty()) continue;
+      if (held[p])
+        throw ProtocolError(detail::msg("combine_shards: fragment ", p, " is held by two shards (again in '", file,
+                                        "')"));
+      held[p] = true;
+      out.snapshot.fragments[p] = s.fragments[p];
+    }
+  }
+  for (std::size_t p = 0; p < held.size(); ++p)
+    if (!held[p]) throw ProtocolError(detail::msg("combine_shards: no shard's checkpoint holds fragment ", p));
+  out.path = shards[0].path;
+  return out;
 }
 
 /// As above, discarding the list of skipped files.

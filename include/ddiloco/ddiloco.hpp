@@ -25,5 +25,6 @@
 #include <ddiloco/tensor.hpp>
 #include <ddiloco/tensor_list.hpp>
 #include <ddiloco/transport/in_process.hpp>
+#include <ddiloco/transport/sharded.hpp>
 #include <ddiloco/version.hpp>
 #include <ddiloco/wire.hpp>

@@ -137,9 +137,13 @@ enum class JoinRefusal : std::uint8_t {
   tokens_per_step = 5,
   /// another round mode (push or pull) than the syncer's (`version` = the syncer's RoundMode)
   round_mode = 6,
+  /// addressed to another syncer shard, or derived from another shard count
+  /// (`version` = the syncer's shard_count << 32 | shard_index, `step` = its
+  /// ShardMap fingerprint, `tokens` = the shard the join named, as sent)
+  shard_map = 7,
 };
 
-constexpr bool is_valid_join_refusal(std::uint32_t raw) noexcept { return raw >= 1 && raw <= 6; }
+constexpr bool is_valid_join_refusal(std::uint32_t raw) noexcept { return raw >= 1 && raw <= 7; }
 
 namespace detail {
 /// A plan fingerprint as the programs print it: 16 hex digits.
@@ -158,6 +162,7 @@ constexpr std::string_view to_string(JoinRefusal r) noexcept {
     case JoinRefusal::full: return "full";
     case JoinRefusal::tokens_per_step: return "tokens_per_step";
     case JoinRefusal::round_mode: return "round_mode";
+    case JoinRefusal::shard_map: return "shard_map";
   }
   return "unknown";
 }
@@ -262,6 +267,15 @@ concept ContributionEncodingTransport = LearnerTransport<T> && requires(const T&
 template <class T>
 concept ContributionBufferTransport = ContributionEncodingTransport<T> && requires(T& t, std::size_t bytes) {
   { t.contribution_buffer(bytes) } -> std::same_as<OutgoingPayload>;
+};
+
+// FragmentBufferTransport<T> (optional, a transport over several links, such
+// as ShardedLearnerTransport): `t.contribution_buffer(bytes, fragment) ->
+// OutgoingPayload`, the same loan from the link that fragment's contribution
+// goes out on. OuterLoop prefers it to contribution_buffer(bytes).
+template <class T>
+concept FragmentBufferTransport = ContributionEncodingTransport<T> && requires(T& t, std::size_t n) {
+  { t.contribution_buffer(n, n) } -> std::same_as<OutgoingPayload>;
 };
 
 // DiagnosingTransport<T> (optional, a LearnerTransport that can say why its

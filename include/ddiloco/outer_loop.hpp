@@ -67,6 +67,7 @@
 #include <ddiloco/histogram.hpp>
 #include <ddiloco/message.hpp>
 #include <ddiloco/schedule.hpp>
+#include <ddiloco/shard_map.hpp>
 #include <ddiloco/tensor.hpp>
 #include <ddiloco/wire.hpp>
 
@@ -329,7 +330,6 @@ class OuterLoop {
     rejoining_ = false;
     // One nonce per incarnation: retried or duplicated joins are idempotent.
     join_nonce_ = detail::join_nonce(config_.id, step_, transport_->clock().now());
-    join_sequence_.reset();
     join_received_ = 0;
     join_bytes_ = 0;
     join_gap_ = Duration{0};
@@ -706,22 +706,20 @@ class OuterLoop {
       ++status_.ignored;
       return;
     }
+    // A full state answers a join of this learner (a retry's answer, or one
+    // of several syncer shards' after a rejoin, may come while joined): its
+    // sequence base is a floor for every later contribution (the highest
+    // base of all shards serves each of them, docs/sharding.md).
+    if (m.type == MessageType::full_state) sequence_ = std::max(sequence_, m.sequence);
     if (m.type == MessageType::full_state && rejoining_) {
-      // The rejoin's reply: sequences go on from the new incarnation's base
-      // (never below what this learner used already); the fragment itself is
-      // a received global like any other, handled below.
-      sequence_ = std::max(sequence_, m.sequence);
+      // The rejoin's reply: sequences go on from the new incarnation's base;
+      // the fragment itself is a received global like any other, handled below.
       rejoining_ = false;
     }
     auto& f = frags_[m.fragment];
     if (m.type == MessageType::full_state && !joined_) {
-      // All fragments of one join reply carry the same sequence base.
-      if (join_sequence_ && *join_sequence_ != m.sequence) join_received_ = 0, join_bytes_ = 0;
-      if (!join_sequence_ || *join_sequence_ != m.sequence) {
-        for (auto& g : frags_) g.received = false;
-        join_sequence_ = m.sequence;
-        sequence_ = m.sequence;
-      }
+      // Each syncer shard gives its own base (taken above); a subsequence of
+      // increasing numbers is increasing, so the highest serves them all.
       if (!f.received) {
         f.received = true;
         ++join_received_;
@@ -783,6 +781,15 @@ class OuterLoop {
                          to_string(static_cast<RoundMode>(m.version)), " rounds but this learner runs ",
                          to_string(config_.round), " rounds; start the learner with the syncer's --round (",
                          to_string(static_cast<RoundMode>(m.version)), ")");
+    }
+    if (theirs == JoinRefusal::shard_map) {
+      const auto named = detail::join_shard(static_cast<std::uint32_t>(m.tokens));
+      return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id, ": it is shard ",
+                         m.version & 0xffffffffu, " of ", m.version >> 32, " (shard map ", detail::hex16(m.step),
+                         ") but this learner addressed it as shard ", named.index, " of ",
+                         std::max<std::size_t>(named.count, 1),
+                         "; give the learner every shard's endpoint, in shard order (--connect A,B,...), and "
+                         "start shard i of S with --shard i/S");
     }
     if (theirs == JoinRefusal::schedule) {
       return detail::msg("OuterLoop::join: the syncer refused learner ", config_.id, ": it runs H = ", m.steps,
@@ -951,8 +958,12 @@ class OuterLoop {
     const auto& specs = plan_->tensors();
     const std::size_t n = f.base.size(), bytes = encoded_size(codec, n);
     OutgoingPayload buffer;
-    if constexpr (ContributionBufferTransport<Transport>) {
+    if constexpr (FragmentBufferTransport<Transport>) {
+      buffer = transport_->contribution_buffer(bytes, p);  // from the link fragment p goes out on
+    } else if constexpr (ContributionBufferTransport<Transport>) {
       buffer = transport_->contribution_buffer(bytes);
+    }
+    if constexpr (ContributionBufferTransport<Transport> || FragmentBufferTransport<Transport>) {
       if (buffer.bytes.size() != bytes) {
         throw TransportError(detail::msg("OuterLoop: the transport lent ", buffer.bytes.size(),
                                          " bytes for a contribution of ", bytes, " (fragment ", p, ")"));
@@ -998,7 +1009,6 @@ class OuterLoop {
   std::uint64_t step_ = 0;
   std::uint64_t tokens_total_ = 0;
   std::uint64_t sequence_ = 0;
-  std::optional<std::uint64_t> join_sequence_;
   std::uint64_t join_nonce_ = 0;
   std::size_t join_received_ = 0;
   bool joined_ = false;

@@ -25,14 +25,33 @@
 
 namespace ddiloco {
 
+/// The most syncer shards a run may have: a join names its shard in 12 bits.
+inline constexpr std::size_t kMaxShards = 4095;
+
+namespace detail {
+/// The shard a join is addressed to travels in the join's `fragment` field:
+/// bits 0-7 the round mode, bits 8-19 the shard count S, bits 20-31 the shard
+/// index i. S = 0 is a learner that names no shard (one syncer).
+struct JoinShard {
+  std::size_t index = 0;
+  std::size_t count = 0;
+};
+constexpr std::uint32_t join_shard_bits(std::size_t index, std::size_t count) noexcept {
+  return static_cast<std::uint32_t>(((count & 0xfffu) << 8) | ((index & 0xfffu) << 20));
+}
+constexpr JoinShard join_shard(std::uint32_t field) noexcept {
+  return JoinShard{(field >> 20) & 0xfffu, (field >> 8) & 0xfffu};
+}
+}  // namespace detail
+
 class ShardMap {
  public:
   /// Throws InvalidArgument unless 1 <= shards <= plan.num_fragments() (a
   /// shard without a fragment would have nothing to serve).
   ShardMap(const Plan& plan, std::size_t shards) : shard_of_(plan.num_fragments()), elements_(shards, 0) {
     const std::size_t p = plan.num_fragments();
-    if (shards == 0 || shards > p) {
-      throw InvalidArgument(detail::msg("ShardMap: shards = ", shards, " must be in [1, ", p,
+    if (shards == 0 || shards > p || shards > kMaxShards) {
+      throw InvalidArgument(detail::msg("ShardMap: shards = ", shards, " must be in [1, ", std::min(p, kMaxShards),
                                         "] (the plan has ", p, " fragments; each shard serves at least one)"));
     }
     std::vector<std::size_t> order(p);

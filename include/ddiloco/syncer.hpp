@@ -80,6 +80,7 @@
 #include <ddiloco/outer_optimizer.hpp>
 #include <ddiloco/quorum.hpp>
 #include <ddiloco/schedule.hpp>
+#include <ddiloco/shard_map.hpp>
 
 namespace ddiloco {
 
@@ -106,6 +107,9 @@ enum class RejectReason : std::uint8_t {
   /// an encoded payload whose bytes do not match the frame's checksum
   /// (EncodedPayload::unchecked_crc: a transport that left the check to the syncer)
   bad_checksum,
+  /// a fragment another syncer shard owns (SyncerConfig::shard_count > 1): the
+  /// learner routes by a different shard map, or sent to the wrong endpoint
+  wrong_shard,
   count_
 };
 inline constexpr std::size_t kRejectReasons = static_cast<std::size_t>(RejectReason::count_);
@@ -114,7 +118,7 @@ constexpr std::string_view to_string(RejectReason r) noexcept {
   constexpr std::array<std::string_view, kRejectReasons> names{
       "foreign_plan", "unknown_learner", "bad_fragment", "wrong_size",     "non_finite",     "norm_outlier",
       "bad_counters", "duplicate",       "stale",        "future_version", "unexpected_type",
-      "bad_encoding", "steps_beyond_schedule", "tokens_beyond_declared", "bad_checksum"};
+      "bad_encoding", "steps_beyond_schedule", "tokens_beyond_declared", "bad_checksum", "wrong_shard"};
   const auto i = static_cast<std::size_t>(r);
   return i < names.size() ? names[i] : "unknown";
 }
@@ -242,6 +246,14 @@ struct SyncerConfig {
   /// merges their answers once (docs/algorithm.md, "Round timeline"). A join
   /// stating another mode is refused (JoinRefusal::round_mode).
   RoundMode round = RoundMode::push;
+  /// Sharding by fragment (docs/sharding.md): this syncer is shard
+  /// `shard_index` of `shard_count` and serves only the fragments
+  /// ShardMap(plan, shard_count) gives it; it holds no global, momentum or
+  /// accumulator for the others, rejects their contributions (wrong_shard) and
+  /// refuses a join addressed to another shard or map (JoinRefusal::shard_map).
+  /// 1 (the default) is the unsharded syncer.
+  std::size_t shard_index = 0;
+  std::size_t shard_count = 1;
   /// Pull rounds: the longest the syncer waits for the answers to a round's
   /// pulls before merging those that are in (a learner answers at its next
   /// step boundary; one that died or whose answer was lost is not waited for
@@ -372,6 +384,10 @@ inline void validate(const SyncerConfig& c) {
   if (c.round == RoundMode::pull && c.sync_every == 0)
     throw InvalidArgument("SyncerConfig::round = pull needs sync_every (H, the learners' --sync-every): the "
                           "syncer opens each fragment's round at its slot of the schedule");
+  if (c.shard_count == 0 || c.shard_count > kMaxShards || c.shard_index >= c.shard_count)
+    throw InvalidArgument(detail::msg("SyncerConfig: shard ", c.shard_index, " of ", c.shard_count,
+                                      " does not exist; shard_count must be in [1, ", kMaxShards,
+                                      "] and shard_index in [0, shard_count) (--shard i/S, i counted from 0)"));
   if (c.anchor_versions > 64)
     throw InvalidArgument(detail::msg("SyncerConfig::anchor_versions = ", c.anchor_versions,
                                       " would keep that many copies of the model; use 0 to 64 (default 1)"));
@@ -408,6 +424,8 @@ struct RefusedRequest {
   std::uint64_t our_overlap = 0;
   std::uint32_t round = 0;      ///< the request's RoundMode (0: not stated)
   RoundMode our_round = RoundMode::push;
+  detail::JoinShard shard{};     ///< the shard the request named (count 0: none)
+  detail::JoinShard our_shard{0, 1};
   std::uint64_t suppressed = 0;  ///< refusals not recorded (rate limit) just before this one
 
   /// One line for a log, e.g. "refused join from learner 3: plan fingerprint
@@ -425,6 +443,10 @@ struct RefusedRequest {
         : reason == JoinRefusal::round_mode
             ? detail::msg("round mode ", to_string(static_cast<RoundMode>(round)), " differs from ours ",
                           to_string(our_round), " (--round)")
+        : reason == JoinRefusal::shard_map
+            ? detail::msg("addressed to shard ", shard.index, "/", std::max<std::size_t>(shard.count, 1),
+                          " but this is shard ", our_shard.index, "/", our_shard.count,
+                          " (the learner's --connect list must name every shard, in shard order)")
             : detail::msg("schedule H = ", sync_every, ", tau = ", overlap, " differs from ours H = ",
                           our_sync_every, ", tau = ", our_overlap);
     return detail::msg("refused ", to_string(type), " from learner ", learner, ": ", why,
@@ -449,6 +471,8 @@ struct FragmentStatus {
   std::uint64_t contributions_merged = 0; ///< over all merges
   std::uint64_t grace_waits = 0;          ///< merges that waited for a grace window
   std::uint64_t deadline_merges = 0;      ///< merges forced by the hard deadline
+  /// Served by this syncer (false: another shard's fragment, every figure 0).
+  bool served = true;
 
   bool operator==(const FragmentStatus&) const = default;
 };
@@ -487,6 +511,11 @@ struct SyncerStatus {
   std::uint64_t rejoin_requests_limited = 0;  ///< ... not answered (rate limit; still counted unknown_learner)
   /// Restores this syncer's state has been through (SyncerSnapshot::sequence_epoch).
   std::uint64_t sequence_epoch = 0;
+  /// This syncer's shard (SyncerConfig::shard_index / shard_count) and the
+  /// ShardMap fingerprint every shard of the run shares.
+  std::size_t shard_index = 0;
+  std::size_t shard_count = 1;
+  std::uint64_t shard_map = 0;
   /// Accepted contributions whose norm was clipped to clip_factor x the
   /// reference, and whose weight was capped at weight_cap_factor x the
   /// reference (SyncerConfig). Since this Syncer was constructed (not checkpointed).
@@ -549,7 +578,8 @@ struct SyncerStatus {
                        contributions_clipped + weights_capped == 0
                            ? std::string()
                            : detail::msg(" clipped ", contributions_clipped, " capped ", weights_capped),
-                       " in ", bytes_in / 1024, " KiB out ", bytes_out / 1024, " KiB");
+                       " in ", bytes_in / 1024, " KiB out ", bytes_out / 1024, " KiB",
+                       shard_count > 1 ? detail::msg(" shard ", shard_index, "/", shard_count) : std::string());
   }
 };
 
@@ -618,6 +648,12 @@ struct SyncerSnapshot {
   /// so a learner that joins after a restore never gets a space that an
   /// incarnation lost in the crash (joined after the checkpoint) already used.
   std::uint64_t sequence_epoch = 0;
+  /// The shard that wrote it (SyncerConfig::shard_index / shard_count) and its
+  /// ShardMap fingerprint; a shard's snapshot holds no values (empty theta and
+  /// state) for the fragments other shards serve. 0 / 1 / any: unsharded.
+  std::uint64_t shard_index = 0;
+  std::uint64_t shard_count = 1;
+  std::uint64_t shard_map = 0;
 
   bool operator==(const SyncerSnapshot&) const = default;
 };
@@ -835,8 +871,14 @@ class Syncer {
       throw ShapeMismatch(detail::msg("Syncer: initial parameters have ", initial.size(),
                                       " elements but the plan covers ", plan_.total_numel(),
                                       "; pass every tensor of the plan, concatenated in plan order"));
+    const ShardMap map(plan_, config_.shard_count);
+    shard_fingerprint_ = map.fingerprint();
+    owned_.assign(fragments_.size(), false);
+    for (std::size_t p : map.fragments_of(config_.shard_index)) owned_[p] = true;
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
       auto& f = fragments_[p];
+      // Another shard's fragment: nothing held, no round ever opened.
+      if (!owned_[p]) continue;
       f.theta.resize(plan_.fragments()[p].numel);
       gather(p, initial, f.theta);
       f.state.assign(opt_.state_size(f.theta.size()), 0.0f);
@@ -855,6 +897,10 @@ class Syncer {
 
   [[nodiscard]] const Plan& plan() const noexcept { return plan_; }
   [[nodiscard]] const SyncerConfig& config() const noexcept { return config_; }
+  /// Whether this syncer serves fragment p (always, unless sharded).
+  [[nodiscard]] bool serves(std::size_t p) const noexcept { return p < owned_.size() && owned_[p]; }
+  /// ShardMap(plan, shard_count).fingerprint(): equal in every shard of a run.
+  [[nodiscard]] std::uint64_t shard_map_fingerprint() const noexcept { return shard_fingerprint_; }
 
   /// Handles one incoming message; replies go to `out`. Never throws for bad
   /// input: a bad message is counted and dropped (or answered).
@@ -932,7 +978,8 @@ class Syncer {
   void tick(Outbox& out) {
     expire_learners();
     open_due_rounds(clock_->now(), out);
-    for (std::size_t p = 0; p < fragments_.size(); ++p) merge_if_due(p, out);
+    for (std::size_t p = 0; p < fragments_.size(); ++p)
+      if (owned_[p]) merge_if_due(p, out);
   }
 
   /// Declares learners not heard from within the heartbeat time-out dead.
@@ -1002,9 +1049,11 @@ class Syncer {
   }
 
   /// The whole global model in plan order (tensor 0, 1, ...), concatenated.
+  /// A shard fills its own fragments; the others' elements are 0.
   [[nodiscard]] std::vector<float> global_parameters() const {
     std::vector<float> flat(plan_.total_numel());
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      if (!owned_[p]) continue;
       const auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
       scatter(p, f.theta, flat);
@@ -1023,11 +1072,15 @@ class Syncer {
           std::count_if(learners_.begin(), learners_.end(), [](const auto& kv) { return kv.second.alive; }));
       s.global_step = global_step_;
     }
+    s.shard_index = config_.shard_index;
+    s.shard_count = config_.shard_count;
+    s.shard_map = shard_fingerprint_;
     s.fragments.resize(fragments_.size());
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
       const auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
       s.fragments[p] = f.status;
+      s.fragments[p].served = owned_[p];
       s.fragments[p].version = f.version;
       s.fragments[p].open_contributions = f.round.contributions;
       s.merges += f.status.merges;
@@ -1116,6 +1169,9 @@ class Syncer {
     s.bytes_out = counters_.bytes_out;
     s.rejected = counters_.rejected;
     s.sequence_epoch = sequence_epoch_;
+    s.shard_index = config_.shard_index;
+    s.shard_count = config_.shard_count;
+    s.shard_map = config_.shard_count > 1 ? shard_fingerprint_ : 0;  // unsharded: as before shards existed
     return s;
   }
 
@@ -1135,6 +1191,7 @@ class Syncer {
     const TimePoint now = clock_->now();
     std::uint64_t merges = 0;
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      if (!owned_[p]) continue;  // another shard's: nothing held
       auto& f = fragments_[p];
       const auto& fs = s.fragments[p];
       std::copy(fs.theta.begin(), fs.theta.end(), f.theta.begin());
@@ -1240,9 +1297,17 @@ class Syncer {
     if (s.fragments.size() != fragments_.size())
       throw ShapeMismatch(detail::msg("Syncer::restore: snapshot has ", s.fragments.size(),
                                       " fragments but the plan has ", fragments_.size()));
+    if (s.shard_count != config_.shard_count || s.shard_index != config_.shard_index ||
+        (s.shard_count > 1 && s.shard_map != shard_fingerprint_))
+      throw ProtocolError(detail::msg("Syncer::restore: the snapshot is of shard ", s.shard_index, "/", s.shard_count,
+                                      " (map ", detail::hex16(s.shard_map), ") but this syncer is shard ",
+                                      config_.shard_index, "/", config_.shard_count, " (map ",
+                                      detail::hex16(shard_fingerprint_),
+                                      "); give each shard its own checkpoint directory and the same --shard i/S "
+                                      "it was written with"));
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
       const auto& fs = s.fragments[p];
-      const std::size_t n = fragments_[p].theta.size();
+      const std::size_t n = fragments_[p].theta.size();  // 0 for another shard's fragment
       if (fs.theta.size() != n)
         throw ShapeMismatch(detail::msg("Syncer::restore: fragment ", p, " theta has ", fs.theta.size(),
                                         " elements but the plan's fragment has ", n));
@@ -1466,9 +1531,17 @@ class Syncer {
       return JoinRefusal::schedule;
     if (m.type == MessageType::join && config_.max_tokens_per_step != 0 && m.version > config_.max_tokens_per_step)
       return JoinRefusal::tokens_per_step;
-    // A join states its round mode in `fragment` (0: a learner predating the field).
-    if (m.type == MessageType::join && m.fragment != 0 && m.fragment != static_cast<std::uint32_t>(config_.round))
+    // A join states its round mode in `fragment`'s low byte (0: a learner
+    // predating the field) and the shard it addresses above it (count 0: a
+    // learner that names none, which only an unsharded syncer serves).
+    if (m.type == MessageType::join && (m.fragment & 0xffu) != 0 &&
+        (m.fragment & 0xffu) != static_cast<std::uint32_t>(config_.round))
       return JoinRefusal::round_mode;
+    if (m.type == MessageType::join) {
+      const auto named = detail::join_shard(m.fragment);
+      if (std::max<std::size_t>(named.count, 1) != config_.shard_count || named.index != config_.shard_index)
+        return JoinRefusal::shard_map;
+    }
     return std::nullopt;
   }
 
@@ -1487,6 +1560,11 @@ class Syncer {
     r.sequence = m.sequence;
     if (why == JoinRefusal::tokens_per_step) r.version = config_.max_tokens_per_step;
     if (why == JoinRefusal::round_mode) r.version = static_cast<std::uint64_t>(config_.round);
+    if (why == JoinRefusal::shard_map) {
+      r.version = (static_cast<std::uint64_t>(config_.shard_count) << 32) | config_.shard_index;
+      r.step = shard_fingerprint_;
+      r.tokens = static_cast<std::int64_t>(m.fragment);
+    }
     const std::size_t from = out.size();
     out.push_back({m.learner, std::move(r)});
     count_out(out, from);
@@ -1516,8 +1594,10 @@ class Syncer {
     rec.our_fingerprint = plan_.fingerprint();
     rec.our_sync_every = config_.sync_every;
     rec.our_overlap = config_.quorum.overlap;
-    if (m.type == MessageType::join) rec.round = m.fragment;
+    if (m.type == MessageType::join) rec.round = m.fragment & 0xffu;
+    if (m.type == MessageType::join) rec.shard = detail::join_shard(m.fragment);
     rec.our_round = config_.round;
+    rec.our_shard = detail::JoinShard{config_.shard_index, config_.shard_count};
     rec.suppressed = std::exchange(refusals_suppressed_, 0);
     refusals_.push_back(rec);
   }
@@ -1549,6 +1629,7 @@ class Syncer {
     }
     const std::size_t from = out.size();
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      if (!owned_[p]) continue;  // a shard answers with its fragments (`step` still counts all P)
       auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
       Message reply = global_message(p, f, m.learner, MessageType::full_state);
@@ -1648,6 +1729,7 @@ class Syncer {
     forget_sequences(pruned);
     const std::size_t from = out.size();
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      if (!owned_[p]) continue;  // another shard answers for its fragments
       auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
       auto& last = f.last_sequence[m.learner];
@@ -1930,6 +2012,7 @@ class Syncer {
       return std::nullopt;
     };
     if (m.fragment >= fragments_.size()) return refuse(RejectReason::bad_fragment);
+    if (!owned_[m.fragment]) return refuse(RejectReason::wrong_shard);
     const std::size_t n = fragments_[m.fragment].theta.size();
     if ((!m.payload && !m.encoded) || m.payload_size() != n) return refuse(RejectReason::wrong_size);
     if (m.steps < 1 || m.tokens < 0) return refuse(RejectReason::bad_counters);
@@ -2325,6 +2408,7 @@ class Syncer {
         if (auto p = pull_schedule_->due_at(t)) due.emplace_back(*p, t);
     }
     for (const auto& [p, t] : due) {
+      if (!owned_[p]) continue;  // another shard's slot
       auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
       if (f.phase != FragmentState::Phase::none) continue;
@@ -2524,6 +2608,8 @@ class Syncer {
   Opt opt_;
   Weights weights_;
   std::vector<FragmentState> fragments_;
+  std::vector<bool> owned_;               ///< per fragment: served by this shard (SyncerConfig::shard_index)
+  std::uint64_t shard_fingerprint_ = 0;  ///< ShardMap(plan, shard_count).fingerprint()
   std::shared_ptr<detail::PublishedBuffers> published_ =
       std::make_shared<detail::PublishedBuffers>(plan_.fragments().size());
   std::vector<std::size_t> tensor_offsets_;  ///< element offset of each tensor in plan order

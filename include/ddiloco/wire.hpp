@@ -18,7 +18,8 @@
 //        7    1 codec              Codec (0..4)
 //        8    8 fingerprint        Message::fingerprint
 //       16    4 learner            Message::learner
-//       20    4 fragment           Message::fragment
+//       20    4 fragment           Message::fragment (a join's: its RoundMode in bits 0-7,
+//                                  the syncer shard it addresses in bits 8-31, shard_map.hpp)
 //       24    8 version            Message::version (base version of a contribution;
 //                                  a join's declared tokens per inner step, 0: unstated)
 //       32    8 sequence           Message::sequence

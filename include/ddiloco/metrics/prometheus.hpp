@@ -365,10 +365,13 @@ class SyncerMetrics {
     quorum_.set(counts, sum, count);
     round_.set(s.round_seconds, count);
     grace_.set(s.grace_wait_seconds, count);
-    while (version_gauges_.size() < s.fragments.size())
-      version_gauges_.push_back(&versions_->Add({{"fragment", std::to_string(version_gauges_.size())}}));
-    for (std::size_t p = 0; p < s.fragments.size(); ++p)
+    // One series per fragment this syncer serves (a shard: its own).
+    if (version_gauges_.size() < s.fragments.size()) version_gauges_.resize(s.fragments.size(), nullptr);
+    for (std::size_t p = 0; p < s.fragments.size(); ++p) {
+      if (!s.fragments[p].served) continue;
+      if (version_gauges_[p] == nullptr) version_gauges_[p] = &versions_->Add({{"fragment", std::to_string(p)}});
       version_gauges_[p]->Set(static_cast<double>(s.fragments[p].version));
+    }
   }
 
   /// The transport's memory-bound series (ZmqCounters, docs/operations.md "Memory bounds").

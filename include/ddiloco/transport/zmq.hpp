@@ -62,6 +62,7 @@
 #include <ddiloco/error.hpp>
 #include <ddiloco/fragmenter.hpp>
 #include <ddiloco/message.hpp>
+#include <ddiloco/shard_map.hpp>
 #include <ddiloco/transport/bounds.hpp>
 #include <ddiloco/wire.hpp>
 
@@ -227,6 +228,26 @@ struct ZmqCounters {
   std::uint64_t state_waiting = 0;      ///< syncer, now: full_state replies waiting in streams for room
   std::uint64_t streams = 0;            ///< syncer, now: streams kept (learner ids with a full state in flight or recently sent)
 };
+
+/// Adds `b` to `a`, field by field (the "now" figures too: a sum over links).
+inline ZmqCounters& operator+=(ZmqCounters& a, const ZmqCounters& b) noexcept {
+  for (auto [x, y] : {std::pair{&a.frames_in, b.frames_in}, {&a.frames_out, b.frames_out},
+                      {&a.bytes_in, b.bytes_in}, {&a.bytes_out, b.bytes_out}, {&a.send_dropped, b.send_dropped},
+                      {&a.decode_errors, b.decode_errors}, {&a.impersonations, b.impersonations},
+                      {&a.auth_denied, b.auth_denied}, {&a.handshake_failures, b.handshake_failures},
+                      {&a.send_over_budget, b.send_over_budget}, {&a.wrong_direction, b.wrong_direction},
+                      {&a.disconnects, b.disconnects}, {&a.receive_pauses, b.receive_pauses},
+                      {&a.peers_evicted, b.peers_evicted}, {&a.slow_peer_frames, b.slow_peer_frames},
+                      {&a.send_queued_bytes, b.send_queued_bytes}, {&a.incoming_queued_bytes, b.incoming_queued_bytes},
+                      {&a.incoming_queued, b.incoming_queued}, {&a.peers, b.peers},
+                      {&a.state_frames_streamed, b.state_frames_streamed}, {&a.state_duplicates, b.state_duplicates},
+                      {&a.streams_abandoned, b.streams_abandoned}, {&a.stream_refusals, b.stream_refusals},
+                      {&a.state_waiting, b.state_waiting}, {&a.streams, b.streams}})
+    *x += y;
+  a.wire.accepted += b.wire.accepted;
+  for (std::size_t i = 0; i < a.wire.rejected_by.size(); ++i) a.wire.rejected_by[i] += b.wire.rejected_by[i];
+  return a;
+}
 
 namespace detail {
 
@@ -584,17 +605,24 @@ inline constexpr std::size_t kMechanismOverhead = 256;
 
 }  // namespace detail
 
-/// Sizes the bounds of `config` from `plan` (docs/operations.md, "Memory
-/// bounds"; the formulas are syncer_buffer_bounds' in transport/bounds.hpp);
-/// set your own budgets after calling it.
-inline void size_for_plan(ZmqSyncerConfig& config, const Plan& plan) {
-  const SyncerBufferBounds b = syncer_buffer_bounds(plan);
+/// Sizes the bounds of `config` from `b`, or from `plan` (docs/operations.md,
+/// "Memory bounds"; the formulas are syncer_buffer_bounds' in
+/// transport/bounds.hpp); set your own budgets after calling it.
+inline void size_for_bounds(ZmqSyncerConfig& config, const SyncerBufferBounds& b) {
   config.limits.max_elements = b.largest_elements;
   config.max_message_size = b.max_message_size;
   config.peer_send_budget = b.peer_send_budget;
   config.send_budget = b.send_budget;
   config.peer_receive_budget = b.peer_receive_budget;
   config.incoming_max_bytes = b.incoming_max_bytes;
+}
+inline void size_for_plan(ZmqSyncerConfig& config, const Plan& plan) { size_for_bounds(config, syncer_buffer_bounds(plan)); }
+/// The same for syncer shard `shard` of `map`: its own fragments only (a
+/// frame of another shard's larger fragment is cut like any oversized frame).
+inline void size_for_shard(ZmqSyncerConfig& config, const Plan& plan, const ShardMap& map, std::size_t shard) {
+  std::vector<std::size_t> numels;
+  for (const std::size_t p : map.fragments_of(shard)) numels.push_back(plan.fragments()[p].numel);
+  size_for_bounds(config, syncer_buffer_bounds(numels));
 }
 
 /// The syncer's end: binds a ROUTER socket and serves any number of learners.
@@ -1480,6 +1508,23 @@ class ZmqLearnerTransport {
   }
 
   [[nodiscard]] const ZmqCounters& counters() const noexcept { return counters_; }
+
+  /// Waiting on several links at once (ShardedLearnerTransport, PollableLink):
+  /// poll_items() fills two items (the DEALER and its monitor), wait_any()
+  /// polls any number of them for at most `wait`, after_poll() handles what
+  /// the monitor reported.
+  using PollItem = zmq_pollitem_t;
+  void poll_items(zmq_pollitem_t* two) const noexcept {
+    two[0] = {dealer_, 0, ZMQ_POLLIN, 0};
+    two[1] = {monitor_, 0, ZMQ_POLLIN, 0};
+  }
+  void after_poll(const zmq_pollitem_t* two) {
+    if (two[1].revents & ZMQ_POLLIN) drain_monitor();
+  }
+  static void wait_any(zmq_pollitem_t* items, std::size_t n, Duration wait) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wait).count();
+    zmq_poll(items, static_cast<int>(n), static_cast<long>(std::clamp<long long>(ms, 1, 1000)));
+  }
 
   /// What the socket monitor has seen of the connection to the syncer.
   struct LinkEvents {
