@@ -150,6 +150,8 @@ class SyncerOptions:
     workers: int
     sync_every: int
     checkpoint_dir: str
+    shard_index: int
+    shard_count: int
     def __init__(self) -> None: ...
 
 class SyncerCore:

@@ -7,7 +7,7 @@ into its arguments and offers the optimizer-hook style.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
@@ -43,7 +43,7 @@ class Learner:
     docs/python.md for every keyword.
     """
 
-    def __init__(self, model: NamedParameters, *, endpoint: str, id: int, plaintext: bool = False,
+    def __init__(self, model: NamedParameters, *, endpoint: Union[str, Sequence[str]], id: int, plaintext: bool = False,
                  keys: Optional[str] = None, server_key: Optional[str] = None, fragments: Optional[int] = None,
                  sync_every: int = 24, overlap: int = 2, alpha: float = 0.0, lock_step: bool = False,
                  codec: str = "fp32", error_feedback: bool = False, embedding: EmbeddingRule = None,
@@ -53,6 +53,11 @@ class Learner:
         reject_unknown("ddiloco.Learner", Learner.__init__, unknown)
         names, tensors, modules = named_parameters(model, "ddiloco.Learner")
         flags = embedding_flags(names, tensors, modules, embedding, "ddiloco.Learner")
+        if isinstance(endpoint, (list, tuple)):  # a syncer sharded by fragment: every shard, in shard order
+            if not endpoint or not all(isinstance(e, str) and e and "," not in e for e in endpoint):
+                raise _core.InvalidArgument(f"ddiloco.Learner: endpoint = {endpoint!r} must be one endpoint, or a "
+                                            "non-empty list of every syncer shard's endpoint (strings), in shard order")
+            endpoint = ",".join(endpoint)
         o = _core.LearnerOptions()
         fill("ddiloco.Learner", o, {
             "endpoint": ("endpoint", endpoint), "id": ("id", id), "plaintext": ("plaintext", plaintext),

@@ -7,7 +7,7 @@ a model (its names, sizes and initial values) into its arguments.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -40,7 +40,9 @@ class Syncer:
     checked, push only); ``pull_timeout``: seconds a pull round waits for its
     answers (0: derived from the step time). ``checkpoint_dir``: resume from the
     newest valid checkpoint there (of the same plan) and allow
-    ``checkpoint()``. See docs/python.md for every keyword.
+    ``checkpoint()``. ``shard``: (i, S) serves only shard i of S of the
+    fragments (docs/sharding.md; learners then list every shard's endpoint).
+    See docs/python.md for every keyword.
     """
 
     def __init__(self, model: NamedParameters, *, bind: str = "tcp://127.0.0.1:*", plaintext: bool = False,
@@ -51,8 +53,13 @@ class Syncer:
                  send_merged_to: str = "alive", merge: str = "rda", outer_optimizer: str = "nesterov",
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, global_codec: str = "fp32",
                  workers: int = 2, embedding: EmbeddingRule = None, init=None,
-                 checkpoint_dir: Optional[str] = None, start: bool = True, **unknown):
+                 checkpoint_dir: Optional[str] = None, shard: Tuple[int, int] = (0, 1), start: bool = True,
+                 **unknown):
         reject_unknown("ddiloco.Syncer", Syncer.__init__, unknown)
+        if (not isinstance(shard, (tuple, list)) or len(shard) != 2 or
+                not all(isinstance(v, int) and not isinstance(v, bool) for v in shard)):
+            raise _core.InvalidArgument(f"ddiloco.Syncer: shard = {shard!r} must be (index, count), e.g. (0, 2) and "
+                                        "(1, 2) for two shards; (0, 1) is not sharded")
         if isinstance(model, _TensorList):
             names, numels, flags, shapes = model.names, model.numels, model.embedding, model.shapes
             if init is None:
@@ -78,7 +85,7 @@ class Syncer:
             "send_merged_to": ("send_merged_to", send_merged_to), "merge": ("merge", merge),
             "outer_optimizer": ("outer_optimizer", outer_optimizer), "outer_lr": ("outer_lr", outer_lr),
             "outer_momentum": ("outer_momentum", outer_momentum), "global_codec": ("global_codec", global_codec),
-            "workers": ("workers", workers),
+            "workers": ("workers", workers), "shard[0]": ("shard_index", shard[0]), "shard[1]": ("shard_count", shard[1]),
             "checkpoint_dir": ("checkpoint_dir", os.fspath(checkpoint_dir) if checkpoint_dir is not None else "")})
         self.names = names
         self.numels = list(numels)

@@ -37,6 +37,7 @@
 #include <ddiloco/codec.hpp>
 #include <ddiloco/fragmenter.hpp>
 #include <ddiloco/outer_loop.hpp>
+#include <ddiloco/transport/sharded.hpp>
 #include <ddiloco/transport/zmq.hpp>
 
 #include "common.hpp"
@@ -151,6 +152,9 @@ struct Param {
   std::uintptr_t data = 0;
 };
 
+/// A learner's links: one per syncer shard (one for an unsharded syncer), docs/sharding.md.
+using LearnerLink = ShardedLearnerTransport<ZmqLearnerTransport>;
+
 /// The OuterLoop behind a LearnerCore, for one tensor form.
 class LoopBase {
  public:
@@ -167,7 +171,7 @@ class LoopBase {
 template <class T>
 class Loop final : public LoopBase {
  public:
-  Loop(const Plan& plan, ZmqLearnerTransport& link, const OuterLoopConfig& config, std::vector<T> params)
+  Loop(const Plan& plan, LearnerLink& link, const OuterLoopConfig& config, std::vector<T> params)
       : params_(std::move(params)), outer_(plan, link, config) {}
   void join() override { outer_.join(params_); }
   StepReport step(std::int64_t tokens) override { return outer_.step(params_, tokens); }
@@ -182,7 +186,7 @@ class Loop final : public LoopBase {
 
  private:
   std::vector<T> params_;
-  OuterLoop<ZmqLearnerTransport, T> outer_;
+  OuterLoop<LearnerLink, T> outer_;
 };
 
 /// Every contract of parameter p, with a message naming it, `owner` (the
@@ -328,11 +332,24 @@ class LearnerCore {
       zc.security.own = read_key_file(o.keys);
       zc.security.server_public_key = read_key_file(o.server_key).public_key;
     }
-    if (o.endpoint.rfind("tcp://", 0) != 0 && o.endpoint.rfind("ipc://", 0) != 0 &&
-        o.endpoint.rfind("inproc://", 0) != 0)
-      throw InvalidArgument("ddiloco.Learner: endpoint = '" + o.endpoint +
-                            "' is not a ZeroMQ endpoint; give the syncer's address as 'tcp://HOST:PORT' "
-                            "(ddiloco.Syncer(...).endpoint in the same process)");
+    // One endpoint, or one per syncer shard in shard order, comma-separated.
+    std::vector<std::string> endpoints;
+    for (std::size_t at = 0; at <= o.endpoint.size();) {
+      const std::size_t end = std::min(o.endpoint.find(',', at), o.endpoint.size());
+      endpoints.push_back(o.endpoint.substr(at, end - at));
+      at = end + 1;
+    }
+    for (const auto& e : endpoints)
+      if (e.rfind("tcp://", 0) != 0 && e.rfind("ipc://", 0) != 0 && e.rfind("inproc://", 0) != 0)
+        throw InvalidArgument("ddiloco.Learner: endpoint = '" + o.endpoint +
+                              (endpoints.size() > 1 ? "': '" + e + "'" : std::string("'")) +
+                              " is not a ZeroMQ endpoint; give the syncer's address as 'tcp://HOST:PORT' "
+                              "(ddiloco.Syncer(...).endpoint in the same process), or a list of every syncer "
+                              "shard's, in shard order");
+    if (endpoints.size() > plan_->num_fragments())
+      throw InvalidArgument(detail::msg("ddiloco.Learner: endpoint lists ", endpoints.size(),
+                                        " syncer shards but the plan has ", plan_->num_fragments(),
+                                        " fragments (each shard serves at least one)"));
     OuterLoopConfig lc;
     lc.id = o.id;
     lc.sync_every = o.sync_every;
@@ -347,7 +364,13 @@ class LearnerCore {
     lc.lock_step_timeout = seconds(o.lock_step_timeout_s, "lock_step_timeout");
     lc.heartbeat_interval = seconds(o.heartbeat_s, "heartbeat");
     try {
-      link_ = std::make_unique<ZmqLearnerTransport>(zc, clock_);
+      std::vector<std::unique_ptr<ZmqLearnerTransport>> links;
+      for (const auto& e : endpoints) {
+        ZmqLearnerConfig one = zc;
+        one.connect = e;
+        links.push_back(std::make_unique<ZmqLearnerTransport>(one, clock_));
+      }
+      link_ = std::make_unique<LearnerLink>(*plan_, std::move(links));
     } catch (const TransportError& e) {
       throw TransportError(detail::msg(message_of(e), "; give the syncer's address as 'tcp://HOST:PORT' (a host name or "
                                                  "IP address, and a port number)"));
@@ -475,7 +498,7 @@ class LearnerCore {
     std::vector<std::uint64_t> versions;
     for (std::size_t p = 0; p < plan_->num_fragments(); ++p) versions.push_back(loop_->base_version(p));
     d["base_versions"] = versions;
-    const auto& z = link_->counters();
+    const auto z = link_->counters();  // summed over the shards' links
     d["frames_in"] = z.frames_in;
     d["frames_out"] = z.frames_out;
     d["bytes_in"] = z.bytes_in;
@@ -543,7 +566,7 @@ class LearnerCore {
   bool staged_ = false;
   bool pull_ = false;  ///< pull rounds (LearnerOptions::round)
   SteadyClock clock_;
-  std::unique_ptr<ZmqLearnerTransport> link_;
+  std::unique_ptr<LearnerLink> link_;
   std::unique_ptr<LoopBase> loop_;
   std::optional<Schedule> schedule_;
   std::vector<std::uint64_t> sent_at_;  ///< per fragment: step of the send awaiting its result, kNone if none

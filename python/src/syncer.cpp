@@ -62,6 +62,8 @@ struct SyncerOptions {
   std::string allow;  ///< allow-list file: `<learner-id> <public-key>` per line (CURVE)
   std::size_t workers = 2;
   std::string checkpoint_dir;  ///< resume from / checkpoint() into this directory (empty: no checkpoints)
+  std::size_t shard_index = 0;  ///< this syncer's shard (docs/sharding.md)
+  std::size_t shard_count = 1;  ///< 1: not sharded
 };
 
 class SyncerBase {
@@ -155,6 +157,8 @@ class SyncerCore {
                             "fragment's round opens at its slot of the schedule); pass sync_every=, or round='push'");
     if (o.pull_timeout_s != 0.0) sc.pull_timeout = seconds(o.pull_timeout_s, "pull_timeout");  // 0: derived
     round_ = sc.round;
+    sc.shard_index = o.shard_index;
+    sc.shard_count = o.shard_count;
     sc.heartbeat_timeout = seconds(o.heartbeat_timeout_s, "heartbeat_timeout");
     if (o.send_merged_to == "alive") {
       sc.send_merged_to = MergeRecipients::alive;
@@ -168,7 +172,11 @@ class SyncerCore {
     zc.bind = o.bind;
     zc.global_codec = parse_codec(o.global_codec);
     zc.keep_contributions_encoded = true;
-    size_for_plan(zc, plan);  // memory bounds from the model (docs/operations.md, "Memory bounds")
+    // Memory bounds from the model, or the shard's own fragments (docs/operations.md, "Memory bounds").
+    if (o.shard_count > 1 && o.shard_count <= plan.num_fragments() && o.shard_index < o.shard_count)
+      size_for_shard(zc, plan, ShardMap(plan, o.shard_count), o.shard_index);
+    else
+      size_for_plan(zc, plan);  // (a bad shard is refused by the Syncer, naming it)
     zc.security = security_of("ddiloco.Syncer", o.plaintext, o.keys, o.allow, "allow='allow.txt'");
     if (zc.security.curve) {
       zc.security.own = read_key_file(o.keys);
@@ -184,7 +192,7 @@ class SyncerCore {
       std::vector<std::vector<std::uint64_t>> dims = shapes;
       if (dims.empty())
         for (std::size_t n : numels) dims.push_back({n});
-      tensors_ = checkpoint_tensors(plan, dims);
+      if (o.shard_count <= 1) tensors_ = checkpoint_tensors(plan, dims);  // a shard's checkpoints hold no names
       std::error_code ec;
       std::filesystem::create_directories(ckdir_, ec);
       if (ec)
@@ -273,9 +281,11 @@ class SyncerCore {
       fd["contributions_merged"] = f.contributions_merged;
       fd["grace_waits"] = f.grace_waits;
       fd["deadline_merges"] = f.deadline_merges;
+      fd["served"] = f.served;
       frags.append(fd);
     }
     d["fragments"] = frags;
+    d["shard"] = py::make_tuple(s.shard_index, s.shard_count);
     d["decode_errors"] = z.decode_errors;
     d["auth_denied"] = z.auth_denied;
     d["impersonations"] = z.impersonations;
@@ -352,6 +362,8 @@ void bind_syncer(py::module_& m) {
       .def_readwrite("keys", &SyncerOptions::keys)
       .def_readwrite("allow", &SyncerOptions::allow)
       .def_readwrite("workers", &SyncerOptions::workers)
+      .def_readwrite("shard_index", &SyncerOptions::shard_index)
+      .def_readwrite("shard_count", &SyncerOptions::shard_count)
       .def_readwrite("checkpoint_dir", &SyncerOptions::checkpoint_dir);
 
   py::class_<SyncerCore>(m, "SyncerCore", "An in-process ZeroMQ syncer (see ddiloco.Syncer)")
