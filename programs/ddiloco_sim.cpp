@@ -9,7 +9,8 @@
 //   ddiloco_sim plan MODEL.txt [--gbps G] [--latency S] [--step S] [--bits B] [--out DIR]
 //   ddiloco_sim size MODEL [--learners M] [--step S] [--gbps G] [--latency S] [--codec C]
 //                    [--global-codec C] [--nic-gbps G] [--cores N] [--ram-gib G] [--headroom F]
-//                    [--fragments P --sync-every H --overlap T (fix the schedule)] [--out DIR]
+//                    [--fragments P --sync-every H --overlap T (fix the schedule)]
+//                    [--shards S (fix the shard count)] [--out DIR]
 //                                                               syncer shards and their hosts
 //                                                               (MODEL: a tensor list or, with
 //                                                               nlohmann-json, a .safetensors file)
@@ -386,6 +387,7 @@ int cmd_size(const Args& a, const fs::path& out) {
   if (a.options.count("fragments")) d.fragment_counts = {count_option(a, "fragments", 0)};
   if (a.options.count("sync-every")) d.sync_every = {count_option(a, "sync-every", 0)};
   if (a.options.count("overlap")) d.overlaps = {count_option(a, "overlap", 0)};
+  d.shards = count_option(a, "shards", 0);  // 0: the fewest that fit
   const DeploymentPlan plan = size_deployment(tensors, d);
   double total = 0;
   for (const auto& t : tensors) total += static_cast<double>(t.numel);
@@ -401,7 +403,10 @@ int cmd_size(const Args& a, const fs::path& out) {
      << " Gbit/s, mean " << fixed(r.mean_gbps, 3) << " Gbit/s; predicted compute utilisation "
      << pct(plan.predicted_utilisation) << ".\n\n"
      << "Syncer: " << plan.shards << (plan.shards == 1 ? " shard" : " shards") << " (" << plan.limited_by << ")"
-     << (plan.fits ? "" : "; DOES NOT FIT: even one fragment per shard exceeds a host") << ", each host "
+     << (plan.fits ? ""
+         : d.shards != 0 ? "; DOES NOT FIT: the busiest of these shards exceeds a host"
+                         : "; DOES NOT FIT: even one fragment per shard exceeds a host")
+     << ", each host "
      << plan.cores_per_shard << " cores, " << fixed(plan.ram_gib_per_shard, 2) << " GiB RAM (bound), NIC "
      << fixed(plan.nic_gbps_per_shard, 3) << " Gbit/s per direction (hosts of " << d.host_cores << " cores, "
      << d.host_ram_gib << " GiB, " << d.nic_gbps << " Gbit/s, filled to " << pct(d.headroom) << ").\n\n"
@@ -424,7 +429,7 @@ int usage(std::ostream& os = std::cerr) {
                "       ddiloco_sim plan MODEL.txt... [--gbps G] [--latency S] [--step S] [--bits B] [--out DIR]\n"
                "       ddiloco_sim size MODEL [--learners M] [--step S] [--gbps G] [--latency S] [--codec C]\n"
                "                        [--global-codec C] [--nic-gbps G] [--cores N] [--ram-gib G] [--headroom F]\n"
-               "                        [--fragments P] [--sync-every H] [--overlap T] [--out DIR]\n"
+               "                        [--fragments P] [--sync-every H] [--overlap T] [--shards S] [--out DIR]\n"
                "       ddiloco_sim all [--out DIR] [--models DIR]    (DIR holds llama-1b.txt, gemma-2b.txt, moe-small.txt)\n"
                "       ddiloco_sim --version\n";
   return 2;

@@ -8,13 +8,16 @@ tensors; each inner step adds a fixed small delta to every parameter and sleeps
 learner has joined and the syncer has merged every fragment twice, it samples
 the syncer process over --window seconds: wire bytes in and out (the status
 file), CPU seconds (/proc/PID/stat) and resident memory (/proc/PID/status,
-minus that of the same syncer serving a 64-element model). It then runs
+minus that of the same syncer serving a 64-element model), of each shard. It then runs
 `ddiloco_sim size` with the same model, M, schedule, codecs and the learners'
 measured step time, and prints the predicted and measured per-shard figures
-side by side (one shard: the syncer is not sharded yet). Writes
-results/sim/capacity_check.{json,md}.
+side by side for every shard. With --shards 1,2 it runs the same workload on
+one syncer and then on two shards (--shard i/S, each learner given both
+endpoints) and adds the busiest shard's figures as ratios of the unsharded
+syncer's. Writes results/sim/capacity_check.{json,md} (--shards 1) or
+results/sim/capacity_check_shards.{json,md}.
 
-    /usr/bin/python3 scripts/check_capacity.py [--build build] [--learners 3] [--log2n 20]
+    /usr/bin/python3 scripts/check_capacity.py [--build build] [--learners 3] [--log2n 20] [--shards 1,2]
 """
 import argparse
 import json
@@ -77,18 +80,94 @@ def wait_for(what, predicate, timeout_s):
     raise SystemExit("check_capacity: timed out after %d s waiting for %s" % (timeout_s, what))
 
 
-def start_syncer(build, tmp, name, tensor_lines, fragments, h):
-    model = os.path.join(tmp, name + ".txt")
+def start_syncer(build, tmp, name, tensor_lines, fragments, h, shard=(0, 1)):
+    model = os.path.join(tmp, "model.txt")
     with open(model, "w") as f:
         f.write("\n".join(tensor_lines) + "\n")
     ep, st = os.path.join(tmp, name + ".ep"), os.path.join(tmp, name + ".status")
     cmd = [os.path.join(build, "programs", "ddiloco_syncer"), "--tensors", model, "--allow-zero-init",
            "--fragments", str(fragments), "--sync-every", str(h), "--overlap", "1", "--round", "pull",
            "--plaintext", "--bind", "tcp://127.0.0.1:*", "--endpoint-file", ep, "--status-file", st,
-           "--status-every-ms", "200", "--heartbeat-timeout-ms", "60000"]
+           "--status-every-ms", "200", "--heartbeat-timeout-ms", "60000", "--shard", "%d/%d" % shard]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, name + ".err"), "w"))
     endpoint = wait_for("the syncer's endpoint file", lambda: os.path.exists(ep) and open(ep).read().strip(), 60)
     return proc, endpoint, st, model
+
+
+def run(a, shards, baseline_rss):
+    """One run with `shards` syncer shards: the measured and predicted figures of each shard."""
+    n = 1 << a.log2n
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.abspath(a.build), "python"), PYTHONDONTWRITEBYTECODE="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        lines = ["t%d %d" % (i, n) for i in range(a.tensors)]
+        syncers = [start_syncer(a.build, tmp, "shard%d" % i, lines, a.tensors, a.sync_every, (i, shards))
+                   for i in range(shards)]
+        model = syncers[0][3]
+        endpoints = ",".join(s[1] for s in syncers)  # every shard, in shard order
+        learners = [subprocess.Popen([sys.executable, "-c", LEARNER, endpoints, str(i), str(a.tensors), str(n),
+                                      str(a.steps), str(a.step_ms / 1000.0), a.codec, str(a.sync_every)],
+                                     env=env, stdout=subprocess.PIPE, text=True) for i in range(a.learners)]
+        try:
+            def ready():
+                for _, _, status, _ in syncers:
+                    st = read_status(status)
+                    served = a.tensors // shards  # equal tensors: each shard serves as many
+                    if int(st.get("learners_alive", 0)) != a.learners or int(st.get("merges", 0)) < 2 * served:
+                        return False
+                return True
+            wait_for("every learner to join every shard and two merges per fragment", ready, 300)
+            s0 = [read_status(s[2]) for s in syncers]
+            c0 = [proc_cpu_seconds(s[0].pid) for s in syncers]
+            t0 = time.monotonic()
+            time.sleep(a.window)
+            s1 = [read_status(s[2]) for s in syncers]
+            c1 = [proc_cpu_seconds(s[0].pid) for s in syncers]
+            t1 = time.monotonic()
+            rss = [proc_rss_bytes(s[0].pid) for s in syncers]
+            if any(p.poll() is not None for p in learners):
+                raise SystemExit("check_capacity: a learner ended inside the window; raise --steps")
+            outputs = [p.communicate(timeout=600)[0] for p in learners]
+        finally:
+            for p in learners:
+                if p.poll() is None:
+                    p.kill()
+            for proc, _, _, _ in syncers:
+                proc.terminate()
+                proc.wait(30)
+        step_s = []
+        for out in outputs:
+            m = re.search(r"steps (\d+) seconds ([0-9.]+)", out)
+            if not m:
+                raise SystemExit("check_capacity: a learner printed no timing: %r" % out)
+            step_s.append(float(m.group(2)) / int(m.group(1)))
+        step = sum(step_s) / len(step_s)
+        elapsed = t1 - t0
+        measured = [{
+            "in_mb_per_s": (int(b["bytes_in"]) - int(e["bytes_in"])) / elapsed / 1e6,
+            "out_mb_per_s": (int(b["bytes_out"]) - int(e["bytes_out"])) / elapsed / 1e6,
+            "cores": (cb - ce) / elapsed,
+            "rss_gib_above_baseline": (r - baseline_rss) / 2**30,
+        } for e, b, ce, cb, r in zip(s0, s1, c0, c1, rss)]
+        sim = subprocess.run([os.path.join(a.build, "programs", "ddiloco_sim"), "size", model,
+                              "--learners", str(a.learners), "--step", "%.6f" % step, "--codec", a.codec,
+                              "--global-codec", "fp32", "--fragments", str(a.tensors), "--sync-every",
+                              str(a.sync_every), "--overlap", "1", "--shards", str(shards), "--out", tmp],
+                             capture_output=True, text=True)
+        if sim.returncode not in (0, 3):
+            raise SystemExit("check_capacity: ddiloco_sim size failed: " + sim.stderr)
+        predicted = []
+        for i in range(shards):
+            row = [l for l in sim.stdout.splitlines() if l.startswith("| %d |" % i)][0].strip("|").split("|")
+            cells = [c.strip() for c in row]
+            predicted.append({"in_mb_per_s": float(cells[3]), "out_mb_per_s": float(cells[4]),
+                              "cores": float(cells[5]) + float(cells[6]), "rss_gib_above_baseline": float(cells[7])})
+    return {"shards": shards, "step_seconds": step, "window_seconds": elapsed, "predicted": predicted,
+            "measured": measured,
+            "ratio": [{k: m[k] / p[k] for k in p if p[k] > 0} for m, p in zip(measured, predicted)]}
+
+
+NAMES = {"in_mb_per_s": "bytes in, MB/s", "out_mb_per_s": "bytes out, MB/s", "cores": "CPU, cores (merge + I/O)",
+         "rss_gib_above_baseline": "RSS above an empty syncer, GiB (steady)"}
 
 
 def main():
@@ -102,80 +181,54 @@ def main():
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--window", type=float, default=8.0)
     ap.add_argument("--codec", default="fp32")
+    ap.add_argument("--shards", default="1",
+                    help="syncer shard counts to run, comma-separated (e.g. 1,2: the same workload on one "
+                         "syncer, then on two shards); each must divide --tensors")
     ap.add_argument("--out", default="results/sim")
     a = ap.parse_args()
-    n = 1 << a.log2n
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.abspath(a.build), "python"), PYTHONDONTWRITEBYTECODE="1")
+    counts = [int(v) for v in a.shards.split(",")]
+    if any(c < 1 or a.tensors % c for c in counts):
+        raise SystemExit("check_capacity: --shards %s: each count must be >= 1 and divide --tensors %d (equal "
+                         "shards)" % (a.shards, a.tensors))
     with tempfile.TemporaryDirectory() as tmp:
         tiny, _, _, _ = start_syncer(a.build, tmp, "tiny", ["t0 64"], 1, a.sync_every)
         time.sleep(1.0)
         baseline_rss = proc_rss_bytes(tiny.pid)
         tiny.terminate()
         tiny.wait(30)
-
-        lines = ["t%d %d" % (i, n) for i in range(a.tensors)]
-        syncer, endpoint, status, model = start_syncer(a.build, tmp, "model", lines, a.tensors, a.sync_every)
-        learners = [subprocess.Popen([sys.executable, "-c", LEARNER, endpoint, str(i), str(a.tensors), str(n),
-                                      str(a.steps), str(a.step_ms / 1000.0), a.codec, str(a.sync_every)],
-                                     env=env, stdout=subprocess.PIPE, text=True) for i in range(a.learners)]
-        try:
-            wait_for("every learner to join and two merges per fragment",
-                     lambda: int(read_status(status).get("learners_alive", 0)) == a.learners and
-                     int(read_status(status).get("merges", 0)) >= 2 * a.tensors, 300)
-            s0, c0, t0 = read_status(status), proc_cpu_seconds(syncer.pid), time.monotonic()
-            time.sleep(a.window)
-            s1, c1, t1 = read_status(status), proc_cpu_seconds(syncer.pid), time.monotonic()
-            rss = proc_rss_bytes(syncer.pid)
-            if any(p.poll() is not None for p in learners):
-                raise SystemExit("check_capacity: a learner ended inside the window; raise --steps")
-            outputs = [p.communicate(timeout=600)[0] for p in learners]
-        finally:
-            for p in learners:
-                if p.poll() is None:
-                    p.kill()
-            syncer.terminate()
-            syncer.wait(30)
-        step_s = []
-        for out in outputs:
-            m = re.search(r"steps (\d+) seconds ([0-9.]+)", out)
-            if not m:
-                raise SystemExit("check_capacity: a learner printed no timing: %r" % out)
-            step_s.append(float(m.group(2)) / int(m.group(1)))
-        step = sum(step_s) / len(step_s)
-        elapsed = t1 - t0
-        measured = {
-            "in_mb_per_s": (int(s1["bytes_in"]) - int(s0["bytes_in"])) / elapsed / 1e6,
-            "out_mb_per_s": (int(s1["bytes_out"]) - int(s0["bytes_out"])) / elapsed / 1e6,
-            "cores": (c1 - c0) / elapsed,
-            "rss_gib_above_baseline": (rss - baseline_rss) / 2**30,
-        }
-        sim = subprocess.run([os.path.join(a.build, "programs", "ddiloco_sim"), "size", model,
-                              "--learners", str(a.learners), "--step", "%.6f" % step, "--codec", a.codec,
-                              "--global-codec", "fp32", "--fragments", str(a.tensors), "--sync-every",
-                              str(a.sync_every), "--overlap", "1", "--out", tmp],
-                             capture_output=True, text=True)
-        if sim.returncode not in (0, 3):
-            raise SystemExit("check_capacity: ddiloco_sim size failed: " + sim.stderr)
-        row = [l for l in sim.stdout.splitlines() if l.startswith("| 0 |")][0].strip("|").split("|")
-        cells = [c.strip() for c in row]
-        predicted = {"in_mb_per_s": float(cells[3]), "out_mb_per_s": float(cells[4]),
-                     "cores": float(cells[5]) + float(cells[6]), "rss_gib_above_baseline": float(cells[7])}
-    result = {"learners": a.learners, "tensors": a.tensors, "elements_per_tensor": n, "sync_every": a.sync_every,
-              "codec": a.codec, "step_seconds": step, "window_seconds": elapsed, "baseline_rss_bytes": baseline_rss,
-              "predicted": predicted, "measured": measured,
-              "ratio": {k: measured[k] / predicted[k] for k in predicted if predicted[k] > 0}}
+    runs = [run(a, c, baseline_rss) for c in counts]
+    result = {"learners": a.learners, "tensors": a.tensors, "elements_per_tensor": 1 << a.log2n,
+              "sync_every": a.sync_every, "codec": a.codec, "baseline_rss_bytes": baseline_rss, "runs": runs}
+    md = []
+    for r in runs:
+        md += ["### Planner against a running syncer, %d shard%s (%d learners, %d x 2^%d values, %s contributions, "
+               "H = %d, step %.1f ms)\n" % (r["shards"], "" if r["shards"] == 1 else "s", a.learners, a.tensors,
+                                             a.log2n, a.codec, a.sync_every, r["step_seconds"] * 1e3),
+               "| shard | per shard | predicted | measured | measured / predicted |", "|---|---|---|---|---|"]
+        for i, (p, m, q) in enumerate(zip(r["predicted"], r["measured"], r["ratio"])):
+            for k, label in NAMES.items():
+                md.append("| %d | %s | %.3f | %.3f | %.2f |" % (i, label, p[k], m[k], q.get(k, 0)))
+        md.append("")
+    if len(runs) > 1:
+        one = runs[0]
+        md += ["### The same workload on %s shards, measured in one run of this script\n" % a.shards,
+               "| shards | busiest shard's bytes in, MB/s | its RSS above empty, GiB | its CPU, cores | "
+               "learner step, ms |", "|---|---|---|---|---|"]
+        for r in runs:
+            busiest = max(r["measured"], key=lambda m: m["in_mb_per_s"])
+            md.append("| %d | %.1f (%.2f of S = %d) | %.3f (%.2f) | %.3f (%.2f) | %.1f (%.2f) |" % (
+                r["shards"], busiest["in_mb_per_s"], busiest["in_mb_per_s"] / one["measured"][0]["in_mb_per_s"],
+                one["shards"], busiest["rss_gib_above_baseline"],
+                busiest["rss_gib_above_baseline"] / one["measured"][0]["rss_gib_above_baseline"],
+                busiest["cores"], busiest["cores"] / one["measured"][0]["cores"], r["step_seconds"] * 1e3,
+                r["step_seconds"] / one["step_seconds"]))
+        md.append("")
+    text = "\n".join(md)
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "capacity_check.json"), "w") as f:
+    stem = "capacity_check" if counts == [1] else "capacity_check_shards"
+    with open(os.path.join(a.out, stem + ".json"), "w") as f:
         json.dump(result, f, indent=2)
-    md = ["### Planner against a running syncer (%d learners, %d x 2^%d values, %s contributions, H = %d, step %.1f ms)\n"
-          % (a.learners, a.tensors, a.log2n, a.codec, a.sync_every, step * 1e3),
-          "| per shard | predicted | measured | measured / predicted |", "|---|---|---|---|"]
-    names = {"in_mb_per_s": "bytes in, MB/s", "out_mb_per_s": "bytes out, MB/s",
-             "cores": "CPU, cores (merge + I/O)", "rss_gib_above_baseline": "RSS above an empty syncer, GiB (steady)"}
-    for k, label in names.items():
-        md.append("| %s | %.3f | %.3f | %.2f |" % (label, predicted[k], measured[k], result["ratio"].get(k, 0)))
-    text = "\n".join(md) + "\n"
-    with open(os.path.join(a.out, "capacity_check.md"), "w") as f:
+    with open(os.path.join(a.out, stem + ".md"), "w") as f:
         f.write(text)
     print(text)
 

@@ -109,6 +109,18 @@ TEST_CASE("size_deployment takes the fewest shards whose busiest one fits the ho
   CHECK_FALSE(none.fits);
   CHECK(none.shards == 4);
   CHECK(none.limited_by == "ram");
+  // A given shard count (a running sharded syncer): exactly that many, whether or not it fits.
+  DeploymentSpec given = small_spec();
+  given.nic_gbps = 10;
+  given.shards = 2;
+  const auto fixed = size_deployment(four_equal(), given);
+  CHECK(fixed.shards == 2);
+  CHECK(fixed.fits);
+  CHECK(fixed.limited_by == "given");
+  REQUIRE(fixed.per_shard.size() == 2);
+  CHECK(fixed.per_shard[0].bytes_in_per_s == Approx(one.per_shard[0].bytes_in_per_s / 2));
+  given.shards = 5;
+  CHECK_THROWS_WITH(size_deployment(four_equal(), given), Catch::Contains("shards = 5 but the plan has 4 fragments"));
 }
 
 TEST_CASE("size_deployment picks the smallest H whose utilisation reaches the target", "[sim][capacity]") {

@@ -87,6 +87,9 @@ struct DeploymentSpec {
   std::vector<std::size_t> fragment_counts{8, 12, 16, 24, 32, 48};
   std::vector<std::size_t> sync_every{24, 48, 100};
   std::vector<std::size_t> overlaps{1, 2, 4};
+  /// 0: the fewest shards whose busiest one fits a host; else exactly this
+  /// many (what a running sharded syncer was started with; `fits` says whether).
+  std::size_t shards = 0;
   SyncerCosts costs{};
 };
 
@@ -106,7 +109,7 @@ struct DeploymentPlan {
   double ram_gib_per_shard = 0;        ///< the largest shard's RAM bound
   double predicted_utilisation = 0;    ///< compute utilisation of the learners
   bool fits = false;                   ///< false: even S = P leaves a shard over a host's limit
-  std::string limited_by;              ///< what set S ("nic", "cores", "ram", "io thread", or "one shard is enough")
+  std::string limited_by;              ///< what set S ("nic", "cores", "ram", "io thread", "one shard is enough", or "given")
   std::vector<ShardSizing> per_shard;
 };
 
@@ -214,7 +217,11 @@ inline DeploymentPlan size_deployment(const std::vector<TensorSpec>& tensors, co
   const double nic = spec.nic_gbps * 1e9 / 8.0 * spec.headroom;
   const double ram = spec.host_ram_gib * static_cast<double>(std::size_t{1} << 30) * spec.headroom;
   const double cores = static_cast<double>(spec.host_cores - 1) * spec.headroom;
-  for (std::size_t s = 1; s <= plan.num_fragments(); ++s) {
+  if (spec.shards > plan.num_fragments())
+    throw InvalidArgument(ddiloco::detail::msg("size_deployment: shards = ", spec.shards, " but the plan has ",
+                                               plan.num_fragments(), " fragments (each shard serves at least one)"));
+  const std::size_t first = spec.shards != 0 ? spec.shards : 1;
+  for (std::size_t s = first; s <= plan.num_fragments(); ++s) {
     auto shards = size_shards(plan, s, chosen.sync_every, spec);
     double worst_nic = 0, worst_ram = 0, worst_cores = 0, worst_io = 0;
     for (const auto& z : shards) {
@@ -224,7 +231,7 @@ inline DeploymentPlan size_deployment(const std::vector<TensorSpec>& tensors, co
       worst_io = std::max(worst_io, z.io_cores);
     }
     const bool fits = worst_nic <= nic && worst_ram <= ram && worst_cores <= cores && worst_io <= spec.headroom;
-    if (fits || s == plan.num_fragments()) {
+    if (fits || s == plan.num_fragments() || spec.shards != 0) {
       d.shards = s;
       d.fits = fits;
       d.per_shard = std::move(shards);
@@ -240,7 +247,9 @@ inline DeploymentPlan size_deployment(const std::vector<TensorSpec>& tensors, co
   const double over_ram = one.ram_bound_bytes / ram, over_cores = one.merge_cores / cores;
   const double over_io = one.io_cores / spec.headroom;
   const double worst = std::max({over_nic, over_ram, over_cores, over_io});
-  if (worst <= 1) {
+  if (spec.shards != 0) {
+    d.limited_by = "given";  // DeploymentSpec::shards
+  } else if (worst <= 1) {
     d.limited_by = "one shard is enough";
   } else {
     d.limited_by = worst == over_nic ? "nic" : worst == over_ram ? "ram" : worst == over_cores ? "cores" : "io thread";
