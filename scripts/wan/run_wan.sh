@@ -44,9 +44,17 @@
 #   state arrives whole with no byte sent twice, within its derived time-out,
 #   and the training learner's merges go on meanwhile; prints the join time and
 #   its extrapolation to 1 GiB at 100 Mbit/s (docs/operations.md).
+# Shard test: run_wan.sh --bin DIR --shard-test: a syncer sharded by fragment
+#   (docs/sharding.md), each of its 2 shards in a namespace of its own, and 2
+#   learners in their regions, each region with a 50 ms RTT, 100 Mbit/s link to
+#   each shard. Shard 1 is killed with SIGKILL once it has checkpointed; fails
+#   unless shard 0 keeps merging and every learner keeps training while it is
+#   down, the restarted shard 1 resumes from its checkpoint and accepts
+#   contributions again, no contribution is rejected as wrong_shard, and the
+#   learners' validation loss ends below where it started.
 set -u -o pipefail
 
-BIN="" OUT="" SMOKE=0 LEARNERS=4 JOIN_TEST=0 PROBE="" JOIN_MIB=16 JOIN_RATE=4mbit JOIN_BUDGET_MB=1
+BIN="" OUT="" SMOKE=0 LEARNERS=4 JOIN_TEST=0 PROBE="" JOIN_MIB=16 JOIN_RATE=4mbit JOIN_BUDGET_MB=1 SHARD_TEST=0
 GRID="0:none 20:50mbit 20:100mbit 20:1gbit 50:100mbit 100:50mbit 100:100mbit 100:1gbit"
 MODES="decoupled-fp32 decoupled-int4 sync"
 STEPS_DEC=3000 STEPS_SYNC=100 REPEATS=1 SEND_TO=contributors GLOBAL_CODEC=fp32
@@ -68,7 +76,8 @@ while [ $# -gt 0 ]; do
     --join-mib) JOIN_MIB="$2"; shift 2 ;;
     --join-rate) JOIN_RATE="$2"; shift 2 ;;
     --join-budget-mb) JOIN_BUDGET_MB="$2"; shift 2 ;;
-    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
+    --shard-test) SHARD_TEST=1; shift ;;
+    -h|--help) sed -n '2,54p' "$0"; exit 0 ;;
     *) echo "run_wan.sh: unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -79,6 +88,9 @@ fi
 for p in ddiloco_syncer ddiloco_learner; do
   [ -x "$BIN/$p" ] || { echo "run_wan.sh: $BIN/$p not found; build it first" >&2; exit 2; }
 done
+if [ "$SHARD_TEST" = 1 ]; then
+  LEARNERS=2
+fi
 if [ "$JOIN_TEST" = 1 ]; then
   [ -x "$PROBE" ] || { echo "run_wan.sh: --join-test needs --probe PATH (ddiloco_join_probe); build it first" >&2; exit 2; }
   LEARNERS=2
@@ -165,24 +177,36 @@ PY
 # (which competes with the learners on a small machine) low.
 MTU=65000
 
-# net_up RTT_MS RATE: syncer namespace + LEARNERS regions, one relay each.
+# net_up RTT_MS RATE [SYNCER_NAMESPACES]: syncer namespace(s) + LEARNERS
+# regions, one link (relay) per region and syncer namespace. Syncer namespace j
+# (default: NS_S alone) is 10.77.0.(1 + j); region i reaches it on its device wanj.
 net_up() {
-  local rtt_ms="$1" rate="$2" i ns delay
+  local rtt_ms="$1" rate="$2" i j ns sns delay
+  local -a syncers=(${3:-$NS_S})
   delay="$(python3 -c "print($rtt_ms / 2000.0)")"
-  ip netns add "$NS_S" && NAMESPACES+=("$NS_S") || return 1
-  ip -n "$NS_S" link set lo up
+  for sns in "${syncers[@]}"; do
+    ip netns add "$sns" && NAMESPACES+=("$sns") || return 1
+    ip -n "$sns" link set lo up
+  done
   for ((i = 0; i < LEARNERS; i++)); do
     ns="${TAG}r$i"
     ip netns add "$ns" && NAMESPACES+=("$ns") || return 1
     ip -n "$ns" link set lo up
-    ip -n "$ns" tuntap add dev wan0 mode tun || return 1
-    ip -n "$NS_S" tuntap add dev "r$i" mode tun || return 1
-    ip -n "$ns" link set wan0 mtu "$MTU" up
-    ip -n "$NS_S" link set "r$i" mtu "$MTU" up
-    ip -n "$ns" addr add "10.77.0.$((10 + i))/32" dev wan0
-    ip -n "$ns" route add 10.77.0.1/32 dev wan0
-    ip -n "$NS_S" addr add 10.77.0.1/32 dev "r$i" 2>/dev/null
-    ip -n "$NS_S" route add "10.77.0.$((10 + i))/32" dev "r$i"
+  done
+  local links=0
+  for ((j = 0; j < ${#syncers[@]}; j++)); do
+  sns="${syncers[$j]}"
+  for ((i = 0; i < LEARNERS; i++)); do
+    ns="${TAG}r$i"
+    local wan="wan$j"
+    ip -n "$ns" tuntap add dev "$wan" mode tun || return 1
+    ip -n "$sns" tuntap add dev "r$i" mode tun || return 1
+    ip -n "$ns" link set "$wan" mtu "$MTU" up
+    ip -n "$sns" link set "r$i" mtu "$MTU" up
+    ip -n "$ns" addr add "10.77.0.$((10 + i))/32" dev "$wan" 2>/dev/null
+    ip -n "$ns" route add "10.77.0.$((1 + j))/32" dev "$wan"
+    ip -n "$sns" addr add "10.77.0.$((1 + j))/32" dev "r$i" 2>/dev/null
+    ip -n "$sns" route add "10.77.0.$((10 + i))/32" dev "r$i"
     if [ "$rate" != none ]; then
       # burst: 2 ms at the rate, at least one packet (tbf drops packets larger
       # than the bucket); a bigger bucket would let an idle lock-step learner
@@ -192,13 +216,15 @@ net_up() {
 import re; m = re.fullmatch(r'(\d+)(k|m|g)bit', '$rate'); print(int(m[1]) * {'k': 1e3, 'm': 1e6, 'g': 1e9}[m[2]])")"
       burst="$(python3 -c "print(max(int($bps / 8 * 0.002), $MTU + 1000))")"
       limit="$(python3 -c "print(int(2 * $bps / 8 * max($rtt_ms, 1) / 1000 + 1e6))")"
-      ip netns exec "$ns" tc qdisc add dev wan0 root tbf rate "$rate" burst "$burst" limit "$limit" || return 1
-      ip netns exec "$NS_S" tc qdisc add dev "r$i" root tbf rate "$rate" burst "$burst" limit "$limit" || return 1
+      ip netns exec "$ns" tc qdisc add dev "$wan" root tbf rate "$rate" burst "$burst" limit "$limit" || return 1
+      ip netns exec "$sns" tc qdisc add dev "r$i" root tbf rate "$rate" burst "$burst" limit "$limit" || return 1
     fi
-    python3 "$WORK/relay.py" "$ns" wan0 "$NS_S" "r$i" "$delay" >"$WORK/relay$i.log" 2>&1 &
+    python3 "$WORK/relay.py" "$ns" "$wan" "$sns" "r$i" "$delay" >"$WORK/relay$links.log" 2>&1 &
     PIDS+=($!)
+    links=$((links + 1))
   done
-  for ((i = 0; i < LEARNERS; i++)); do
+  done
+  for ((i = 0; i < links; i++)); do
     for _ in $(seq 100); do grep -q ready "$WORK/relay$i.log" 2>/dev/null && break; sleep 0.05; done
     grep -q ready "$WORK/relay$i.log" || { echo "run_wan.sh: relay $i failed: $(cat "$WORK/relay$i.log")" >&2; return 1; }
   done
@@ -359,6 +385,91 @@ PY
     { echo "join: FAIL: learner 0 applied no merge while learner 1 joined (starved)"; return 1; }
   echo "join: PASS (state_duplicates=${dups:-?} send_over_budget=${over:-?})"
 }
+
+# shard_test: 2 syncer shards in namespaces of their own, 2 learners; shard 1
+# killed (SIGKILL) and restarted from its checkpoint while everything else goes on.
+shard_test() {
+  local dir="$OUT/logs/shards" j i
+  rm -rf "$dir"; mkdir -p "$dir"
+  local sflags="--reference-model --plaintext --fragments 5 --sync-every 24 --overlap 2 --quorum 1 --outer-momentum 0.5"
+  sflags="$sflags --checkpoint-every-ms 500 --status-every-ms 500"
+  local endpoints="tcp://10.77.0.1:5555,tcp://10.77.0.2:5555"
+  local -a spids lpids
+  start_shard() {  # J LOG
+    # shellcheck disable=SC2086
+    ip netns exec "${TAG}s$1" "$BIN/ddiloco_syncer" $sflags --shard "$1/2" --bind "tcp://10.77.0.$((1 + $1)):5555" \
+      --checkpoint-dir "$dir/c$1" --status-file "$dir/$2.status" >>"$dir/$2.log" 2>&1 &
+    spids[$1]=$!
+    PIDS+=($!)
+  }
+  value() { sed -n "s/^$2=//p" "$dir/$1.status" 2>/dev/null | tail -n 1; }
+  at_least() { [ "$(value "$1" "$2")" -ge "$3" ] 2>/dev/null; }
+  lines() { grep -c "learner $1: step " "$dir/learner$1.log" 2>/dev/null || true; }
+  until_true() {  # SECONDS WHAT COMMAND...: polls every 0.2 s; fails after SECONDS
+    local limit=$((SECONDS + $1)) what="$2"
+    shift 2
+    until "$@"; do
+      [ "$SECONDS" -lt "$limit" ] || { echo "shards: FAIL: timed out waiting for $what"; tail -n 5 "$dir"/*.log; return 1; }
+      sleep 0.2
+    done
+  }
+  start_shard 0 shard0
+  start_shard 1 shard1
+  for ((i = 0; i < LEARNERS; i++)); do
+    ip netns exec "${TAG}r$i" "$BIN/ddiloco_learner" --connect "$endpoints" --plaintext --id "$i" --shard "$i" \
+      --shards "$LEARNERS" --steps 0 --stop-file "$dir/stop" --fragments 5 --sync-every 24 --overlap 2 --codec int4 \
+      --eval-every 100 --eval-examples 64 --join-timeout-ms 60000 >"$dir/learner$i.log" 2>&1 &
+    lpids[$i]=$!
+    PIDS+=($!)
+  done
+  until_true 120 "both shards to merge 3 times" eval 'at_least shard0 merges 3 && at_least shard1 merges 3' || return 1
+  until_true 60 "a checkpoint of shard 1" grep -q "syncer: checkpoint" "$dir/shard1.log" || return 1
+  kill -9 "${spids[1]}"
+  wait "${spids[1]}" 2>/dev/null
+  local m0 before=()
+  m0="$(value shard0 merges)"
+  for ((i = 0; i < LEARNERS; i++)); do before[$i]="$(lines "$i")"; done
+  echo "shards: killed shard 1 ($(grep -c 'syncer: checkpoint' "$dir/shard1.log") checkpoints); shard 0 had merged $m0"
+  until_true 120 "shard 0 to merge 3 more times with shard 1 down" at_least shard0 merges "$((m0 + 3))" || return 1
+  for ((i = 0; i < LEARNERS; i++)); do
+    until_true 120 "learner $i to train 2 more progress lines with shard 1 down" \
+      eval "[ \"\$(lines $i)\" -ge $((before[i] + 2)) ]" || return 1
+  done
+  echo "shards: shard 1 down: shard 0 merges $m0 -> $(value shard0 merges), learners' progress lines ${before[*]} -> $(lines 0) $(lines 1)"
+  start_shard 1 shard1b
+  until_true 60 "the restarted shard 1 to resume" grep -q "syncer: resumed from" "$dir/shard1b.log" || return 1
+  until_true 60 "the restarted shard 1's status" test -s "$dir/shard1b.status" || return 1
+  local restored
+  restored="$(value shard1b accepted)"
+  until_true 120 "the restarted shard 1 to accept 10 contributions" at_least shard1b accepted "$((restored + 10))" || return 1
+  touch "$dir/stop"
+  local ok=1
+  for ((i = 0; i < LEARNERS; i++)); do wait "${lpids[$i]}" || ok=0; done
+  kill -TERM "${spids[0]}" "${spids[1]}" 2>/dev/null
+  wait "${spids[0]}" "${spids[1]}" 2>/dev/null
+  [ "$ok" = 1 ] || { echo "shards: FAIL: a learner exited with an error"; tail -n 5 "$dir"/learner*.log; return 1; }
+  local s wrong
+  for s in shard0 shard1b; do
+    wrong="$(value "$s" rejected_wrong_shard)"
+    [ "${wrong:-0}" = 0 ] || { echo "shards: FAIL: $s rejected $wrong contributions as wrong_shard"; return 1; }
+  done
+  local first last
+  first="$(grep -o ' val [0-9.]*' "$dir/learner0.log" | head -n 1 | awk '{print $2}')"
+  last="$(grep -o ' val [0-9.]*' "$dir/learner0.log" | tail -n 1 | awk '{print $2}')"
+  awk -v a="$last" -v b="$first" 'BEGIN {exit !(a < b)}' ||
+    { echo "shards: FAIL: learner 0's validation loss went from $first to $last"; return 1; }
+  echo "shards: restarted shard 1: $(grep 'resumed from' "$dir/shard1b.log"); accepted $restored -> $(value shard1b accepted)"
+  echo "shards: shard 0 merges $(value shard0 merges), shard 1 merges $(value shard1b merges); learner 0 val $first -> $last"
+  echo "shards: PASS"
+}
+
+if [ "$SHARD_TEST" = 1 ]; then
+  net_up 50 100mbit "${TAG}s0 ${TAG}s1" || { echo "run_wan.sh: network setup failed" >&2; exit 1; }
+  shard_test
+  status=$?
+  cleanup
+  exit "$status"
+fi
 
 if [ "$JOIN_TEST" = 1 ]; then
   net_up 20 "$JOIN_RATE" || { echo "run_wan.sh: network setup failed" >&2; exit 1; }
