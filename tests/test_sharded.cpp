@@ -173,6 +173,17 @@ void train(Cluster& c, std::vector<Member>& ms, int steps) {
   }
 }
 
+/// Two push-round shards after one learner's 12 steps (the checkpoint tests' state).
+struct TrainedShards {
+  Cluster c{2, RoundMode::push};
+  std::vector<Member> ms;
+  TrainedShards() {
+    ms.emplace_back(c, 0, 0.1f);
+    join_all(c, ms);
+    train(c, ms, 12);
+  }
+};
+
 Flat flat(const std::vector<Flat>& tensors) {
   Flat v;
   for (const auto& t : tensors) v.insert(v.end(), t.begin(), t.end());
@@ -407,11 +418,8 @@ TEST_CASE("A shard that is down stops only its fragments; restored from its snap
 }
 
 TEST_CASE("A shard's checkpoint round-trips with its shard and is refused by another shard", "[shard][checkpoint]") {
-  Cluster c(2, RoundMode::push);
-  std::vector<Member> ms;
-  ms.emplace_back(c, 0, 0.1f);
-  join_all(c, ms);
-  train(c, ms, 12);
+  TrainedShards t;
+  Cluster& c = t.c;
   const SyncerSnapshot s1 = c.syncers[1]->snapshot();
   CHECK(s1.shard_index == 1);
   CHECK(s1.shard_count == 2);
@@ -435,11 +443,8 @@ TEST_CASE("A shard's checkpoint round-trips with its shard and is refused by ano
 }
 
 TEST_CASE("combine_shards assembles the global model from one checkpoint of each shard, and refuses gaps", "[shard][checkpoint]") {
-  Cluster c(2, RoundMode::push);
-  std::vector<Member> ms;
-  ms.emplace_back(c, 0, 0.1f);
-  join_all(c, ms);
-  train(c, ms, 12);
+  TrainedShards t;
+  Cluster& c = t.c;
   auto as_loaded = [](const SyncerSnapshot& s, const char* name) {
     LoadedCheckpoint l = decode_checkpoint(encode_checkpoint(s, 3));
     l.path = name;

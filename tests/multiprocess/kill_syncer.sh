@@ -47,26 +47,9 @@ done
 # steps/s) runs all 1200 steps in under 2 s: it once finished before the
 # syncer was even killed, and once before it could re-synchronise with the
 # restarted syncer. So each learner is frozen (SIGSTOP) as soon as it reaches
-# the next milestone, and all are thawed (SIGCONT) together for the next phase.
+# the next milestone, and all are thawed (SIGCONT) together for the next phase
+# (freeze_after and thaw, lib.sh).
 declare -a before frozen
-# freeze_after N: freezes each learner once it has printed N progress lines more
-# than before[i]; true when all four are frozen.
-freeze_after() {
-  local i all=0
-  for i in 0 1 2 3; do
-    if [ -z "${frozen[i]:-}" ] && lines_at_least "l$i" "learner $i: step " "$((before[i] + $1))"; then
-      kill -STOP "${learner_pids[i]}"
-      frozen[i]=1
-    fi
-    [ -n "${frozen[i]:-}" ] && all=$((all + 1))
-  done
-  [ "$all" = 4 ]
-}
-thaw() {
-  local i
-  for i in 0 1 2 3; do kill -CONT "${learner_pids[i]}"; done
-  frozen=()
-}
 for i in 0 1 2 3; do before[i]=0; done
 wait_until 60 "every learner to train 200 steps (4 progress lines)" freeze_after 4
 wait_until 30 "a checkpoint" log_has first "syncer: checkpoint"

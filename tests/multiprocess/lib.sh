@@ -142,3 +142,25 @@ make_keys() {
   for name in "$@"; do "$KEYGEN" "$WORK/keys/$name" >/dev/null; done
 }
 public_key() { awk '$1 == "public" {print $2}' "$WORK/keys/$1.pub"; }
+
+# Milestones without races (kill_syncer.sh, shards.sh): learner i (a key of the
+# caller's array learner_pids, whose log is l<i>) is frozen with SIGSTOP once it
+# has printed N progress lines more than before[i]; all are thawed together
+# for the next phase, so no phase depends on the learners' relative speeds.
+# freeze_after N: true when every learner is frozen. thaw: SIGCONT to all.
+freeze_after() {
+  local i all=0
+  for i in "${!learner_pids[@]}"; do
+    if [ -z "${frozen[i]:-}" ] && lines_at_least "l$i" "learner $i: step " "$((before[i] + $1))"; then
+      kill -STOP "${learner_pids[i]}"
+      frozen[i]=1
+    fi
+    [ -n "${frozen[i]:-}" ] && all=$((all + 1))
+  done
+  [ "$all" = "${#learner_pids[@]}" ]
+}
+thaw() {
+  local i
+  for i in "${!learner_pids[@]}"; do kill -CONT "${learner_pids[i]}"; done
+  frozen=()
+}

@@ -72,23 +72,8 @@ for i in 0 1 2; do
 done
 # As in kill_syncer.sh: a learner runs 1200 steps in under 2 s when alone on a
 # core, so each is frozen (SIGSTOP) at the next milestone and all are thawed
-# together for the next phase; no phase depends on relative speeds.
-freeze_after() {
-  local i all=0
-  for i in 0 1 2; do
-    if [ -z "${frozen[i]:-}" ] && lines_at_least "l$i" "learner $i: step " "$((before[i] + $1))"; then
-      kill -STOP "${learner_pids[i]}"
-      frozen[i]=1
-    fi
-    [ -n "${frozen[i]:-}" ] && all=$((all + 1))
-  done
-  [ "$all" = 3 ]
-}
-thaw() {
-  local i
-  for i in 0 1 2; do kill -CONT "${learner_pids[i]}"; done
-  frozen=()
-}
+# together for the next phase (freeze_after, thaw: lib.sh); no phase depends on
+# relative speeds.
 for i in 0 1 2; do before[i]=0; done
 wait_until 60 "every learner to train 200 steps (4 progress lines)" freeze_after 4
 wait_until 30 "both shards to merge" status_at_least merges s1 1

@@ -8,28 +8,11 @@ import pytest
 import torch
 
 import ddiloco
+from test_training import mse, model_of, task  # the same linear task and model
 
 STEPS = 400
-LOSS_BOUND = 0.05   # as tests/python/test_training.py: the data's noise floor is 1e-4
+LOSS_BOUND = 0.05   # as test_training.py: the data's noise floor is 1e-4
 TIME_BOUND_S = 120
-
-
-def task(seed):
-    g = torch.Generator().manual_seed(seed)
-    w_true = torch.tensor([[1.5, -2.0, 0.5, 1.0]])
-    x = torch.randn(256, 4, generator=g)
-    y = x @ w_true.t() + 0.01 * torch.randn(256, 1, generator=g)
-    return x, y
-
-
-def model_of():
-    torch.manual_seed(0)
-    return torch.nn.Linear(4, 1)
-
-
-def mse(model, x, y):
-    with torch.no_grad():
-        return torch.nn.functional.mse_loss(model(x), y).item()
 
 
 def train(learner_id, endpoints, results, errors, barrier):
