@@ -30,6 +30,13 @@ class _Usage(Exception):
     """A bad argument found after parsing (exit code 2, like argparse's own)."""
 
 
+def _shard(text: str):
+    index, slash, count = text.partition("/")
+    if slash and index.isdigit() and count.isdigit() and int(count) >= 1 and int(index) < int(count):
+        return int(index), int(count)
+    raise argparse.ArgumentTypeError(f"'{text}' is not I/S with 0 <= I < S; e.g. 0/2 and 1/2 for two shards")
+
+
 def _count(minimum: int):
     def parse(text: str) -> int:
         try:
@@ -116,6 +123,9 @@ def syncer_parser(sub=None) -> argparse.ArgumentParser:
     s.add_argument("--keys", metavar="FILE", help="the syncer's key file (ddiloco_keygen): CURVE security")
     s.add_argument("--allow", metavar="FILE", help="allow-list file: `<learner-id> <public-key>` per line")
     s.add_argument("--workers", metavar="N", type=_count(1), default=2, help="merge worker threads")
+    s.add_argument("--shard", metavar="I/S", type=_shard, default=(0, 1),
+                   help="serve only shard I of S (from 0) of the fragments; run one syncer per shard and give "
+                        "learners every shard's endpoint in shard order (default 0/1: not sharded)")
     a = p.add_argument_group("the algorithm (learners must match --fragments, --sync-every and --overlap)")
     a.add_argument("--fragments", metavar="P", type=_count(1), default=None,
                    help="P: number of fragments (whole tensors each; <= tensors) (default: min(4, tensors), as "
@@ -209,7 +219,8 @@ def build_syncer(args, ddiloco):
                   send_merged_to=args.send_merged_to, merge=args.merge, outer_optimizer=args.outer_optimizer,
                   outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, global_codec=args.global_codec,
                   workers=args.workers, sync_every=args.sync_every, round=args.round,
-                  pull_timeout=args.pull_timeout_ms / 1e3, checkpoint_dir=args.checkpoint_dir, start=False)
+                  pull_timeout=args.pull_timeout_ms / 1e3, checkpoint_dir=args.checkpoint_dir, shard=args.shard,
+                  start=False)
     if args.model:
         try:
             kwargs = json.loads(args.model_kwargs)
@@ -322,6 +333,9 @@ def serve(args) -> int:
             _write_atomic(args.endpoint_file, syncer.endpoint + "\n")
         print(f"syncer: serving {len(names)} tensors in {fragments} fragments (fingerprint {syncer.fingerprint:016x}) "
               f"on {syncer.endpoint}, K = {args.quorum}, merged fragments to {args.send_merged_to}", flush=True)
+        if args.shard[1] > 1:
+            served = [str(p) for p, f in enumerate(syncer.status()["fragments"]) if f["served"]]
+            print(f"syncer: shard {args.shard[0]}/{args.shard[1]}: fragments {','.join(served)}", flush=True)
         checkpoints = 0
 
         def checkpoint() -> None:

@@ -185,6 +185,7 @@ def run_console(*args, cwd=None):
     (["--model", MODEL.replace(":build", ":nope"), "--plaintext"], "has no 'nope'"),
     (["--model", MODEL, "--plaintext", "--fragments", "9"], "9"),
     (["--model", MODEL, "--plaintext", "--bind", "localhost:5555"], "--bind 'localhost:5555' is not a ZeroMQ endpoint"),
+    (["--model", MODEL, "--plaintext", "--shard", "2/2"], "argument --shard: '2/2' is not I/S with 0 <= I < S"),
 ])
 def test_console_bad_arguments_exit_2(args, says):
     r = run_console("syncer", *args)
