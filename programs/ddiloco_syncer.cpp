@@ -219,10 +219,7 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, std::vector<C
   // Memory bounds (docs/operations.md): the largest legal frame is a contribution
   // of the largest fragment in fp32; anything larger cuts the sender's connection.
   // A shard's bounds follow its own fragments (about 1/S of the model's).
-  if (sc.shard_count > 1)
-    size_for_shard(zc, plan, ShardMap(plan, sc.shard_count), sc.shard_index);
-  else
-    size_for_plan(zc, plan);
+  size_for_shard(zc, plan, syncer.shard_map(), sc.shard_index);
   constexpr std::size_t MiB = std::size_t{1} << 20;
   // 0: as size_for_plan derived it from the model (docs/operations.md gives the formulas).
   if (f.count("peer-send-budget-mb") != 0) zc.peer_send_budget = f.count("peer-send-budget-mb") * MiB;
@@ -252,7 +249,7 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, std::vector<C
     fs::rename(f.str("endpoint-file") + ".tmp", f.str("endpoint-file"));
   }
   if (sc.shard_count > 1) {
-    const ShardMap map(plan, sc.shard_count);
+    const ShardMap& map = syncer.shard_map();
     std::string frags;
     for (std::size_t p : map.fragments_of(sc.shard_index)) frags += (frags.empty() ? "" : ",") + std::to_string(p);
     std::printf("syncer: shard %zu/%zu (map %016llx): fragments %s, %zu of %zu parameters\n", sc.shard_index,

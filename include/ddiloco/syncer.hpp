@@ -856,7 +856,8 @@ class Syncer {
         rule_(std::move(rule)),
         opt_(std::move(optimizer)),
         weights_(std::move(weights)),
-        fragments_(plan_.num_fragments()) {
+        fragments_(plan_.num_fragments()),
+        shard_map_(plan_, config_.shard_count) {
     validate(config_);
     if (config_.round == RoundMode::pull)
       pull_schedule_.emplace(plan_.num_fragments(), config_.sync_every, config_.quorum.overlap);
@@ -871,14 +872,10 @@ class Syncer {
       throw ShapeMismatch(detail::msg("Syncer: initial parameters have ", initial.size(),
                                       " elements but the plan covers ", plan_.total_numel(),
                                       "; pass every tensor of the plan, concatenated in plan order"));
-    const ShardMap map(plan_, config_.shard_count);
-    shard_fingerprint_ = map.fingerprint();
-    owned_.assign(fragments_.size(), false);
-    for (std::size_t p : map.fragments_of(config_.shard_index)) owned_[p] = true;
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
       auto& f = fragments_[p];
       // Another shard's fragment: nothing held, no round ever opened.
-      if (!owned_[p]) continue;
+      if (!serves(p)) continue;
       f.theta.resize(plan_.fragments()[p].numel);
       gather(p, initial, f.theta);
       f.state.assign(opt_.state_size(f.theta.size()), 0.0f);
@@ -898,9 +895,12 @@ class Syncer {
   [[nodiscard]] const Plan& plan() const noexcept { return plan_; }
   [[nodiscard]] const SyncerConfig& config() const noexcept { return config_; }
   /// Whether this syncer serves fragment p (always, unless sharded).
-  [[nodiscard]] bool serves(std::size_t p) const noexcept { return p < owned_.size() && owned_[p]; }
-  /// ShardMap(plan, shard_count).fingerprint(): equal in every shard of a run.
-  [[nodiscard]] std::uint64_t shard_map_fingerprint() const noexcept { return shard_fingerprint_; }
+  [[nodiscard]] bool serves(std::size_t p) const noexcept {
+    return p < shard_map_.num_fragments() && shard_map_.shard_of(p) == config_.shard_index;
+  }
+  /// ShardMap(plan, shard_count): the same in every shard of a run.
+  [[nodiscard]] const ShardMap& shard_map() const noexcept { return shard_map_; }
+  [[nodiscard]] std::uint64_t shard_map_fingerprint() const noexcept { return shard_map_.fingerprint(); }
 
   /// Handles one incoming message; replies go to `out`. Never throws for bad
   /// input: a bad message is counted and dropped (or answered).
@@ -979,7 +979,7 @@ class Syncer {
     expire_learners();
     open_due_rounds(clock_->now(), out);
     for (std::size_t p = 0; p < fragments_.size(); ++p)
-      if (owned_[p]) merge_if_due(p, out);
+      if (serves(p)) merge_if_due(p, out);
   }
 
   /// Declares learners not heard from within the heartbeat time-out dead.
@@ -1053,7 +1053,7 @@ class Syncer {
   [[nodiscard]] std::vector<float> global_parameters() const {
     std::vector<float> flat(plan_.total_numel());
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
-      if (!owned_[p]) continue;
+      if (!serves(p)) continue;
       const auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
       scatter(p, f.theta, flat);
@@ -1074,13 +1074,13 @@ class Syncer {
     }
     s.shard_index = config_.shard_index;
     s.shard_count = config_.shard_count;
-    s.shard_map = shard_fingerprint_;
+    s.shard_map = shard_map_.fingerprint();
     s.fragments.resize(fragments_.size());
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
       const auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
       s.fragments[p] = f.status;
-      s.fragments[p].served = owned_[p];
+      s.fragments[p].served = serves(p);
       s.fragments[p].version = f.version;
       s.fragments[p].open_contributions = f.round.contributions;
       s.merges += f.status.merges;
@@ -1171,7 +1171,7 @@ class Syncer {
     s.sequence_epoch = sequence_epoch_;
     s.shard_index = config_.shard_index;
     s.shard_count = config_.shard_count;
-    s.shard_map = config_.shard_count > 1 ? shard_fingerprint_ : 0;  // unsharded: as before shards existed
+    s.shard_map = config_.shard_count > 1 ? shard_map_.fingerprint() : 0;  // unsharded: as before shards existed
     return s;
   }
 
@@ -1191,7 +1191,7 @@ class Syncer {
     const TimePoint now = clock_->now();
     std::uint64_t merges = 0;
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
-      if (!owned_[p]) continue;  // another shard's: nothing held
+      if (!serves(p)) continue;  // another shard's: nothing held
       auto& f = fragments_[p];
       const auto& fs = s.fragments[p];
       std::copy(fs.theta.begin(), fs.theta.end(), f.theta.begin());
@@ -1298,11 +1298,11 @@ class Syncer {
       throw ShapeMismatch(detail::msg("Syncer::restore: snapshot has ", s.fragments.size(),
                                       " fragments but the plan has ", fragments_.size()));
     if (s.shard_count != config_.shard_count || s.shard_index != config_.shard_index ||
-        (s.shard_count > 1 && s.shard_map != shard_fingerprint_))
+        (s.shard_count > 1 && s.shard_map != shard_map_.fingerprint()))
       throw ProtocolError(detail::msg("Syncer::restore: the snapshot is of shard ", s.shard_index, "/", s.shard_count,
                                       " (map ", detail::hex16(s.shard_map), ") but this syncer is shard ",
                                       config_.shard_index, "/", config_.shard_count, " (map ",
-                                      detail::hex16(shard_fingerprint_),
+                                      detail::hex16(shard_map_.fingerprint()),
                                       "); give each shard its own checkpoint directory and the same --shard i/S "
                                       "it was written with"));
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
@@ -1562,7 +1562,7 @@ class Syncer {
     if (why == JoinRefusal::round_mode) r.version = static_cast<std::uint64_t>(config_.round);
     if (why == JoinRefusal::shard_map) {
       r.version = (static_cast<std::uint64_t>(config_.shard_count) << 32) | config_.shard_index;
-      r.step = shard_fingerprint_;
+      r.step = shard_map_.fingerprint();
       r.tokens = static_cast<std::int64_t>(m.fragment);
     }
     const std::size_t from = out.size();
@@ -1629,7 +1629,7 @@ class Syncer {
     }
     const std::size_t from = out.size();
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
-      if (!owned_[p]) continue;  // a shard answers with its fragments (`step` still counts all P)
+      if (!serves(p)) continue;  // a shard answers with its fragments (`step` still counts all P)
       auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
       Message reply = global_message(p, f, m.learner, MessageType::full_state);
@@ -1729,7 +1729,7 @@ class Syncer {
     forget_sequences(pruned);
     const std::size_t from = out.size();
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
-      if (!owned_[p]) continue;  // another shard answers for its fragments
+      if (!serves(p)) continue;  // another shard answers for its fragments
       auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
       auto& last = f.last_sequence[m.learner];
@@ -2012,7 +2012,7 @@ class Syncer {
       return std::nullopt;
     };
     if (m.fragment >= fragments_.size()) return refuse(RejectReason::bad_fragment);
-    if (!owned_[m.fragment]) return refuse(RejectReason::wrong_shard);
+    if (!serves(m.fragment)) return refuse(RejectReason::wrong_shard);
     const std::size_t n = fragments_[m.fragment].theta.size();
     if ((!m.payload && !m.encoded) || m.payload_size() != n) return refuse(RejectReason::wrong_size);
     if (m.steps < 1 || m.tokens < 0) return refuse(RejectReason::bad_counters);
@@ -2408,7 +2408,7 @@ class Syncer {
         if (auto p = pull_schedule_->due_at(t)) due.emplace_back(*p, t);
     }
     for (const auto& [p, t] : due) {
-      if (!owned_[p]) continue;  // another shard's slot
+      if (!serves(p)) continue;  // another shard's slot
       auto& f = fragments_[p];
       std::unique_lock lock(f.mutex);
       if (f.phase != FragmentState::Phase::none) continue;
@@ -2608,8 +2608,7 @@ class Syncer {
   Opt opt_;
   Weights weights_;
   std::vector<FragmentState> fragments_;
-  std::vector<bool> owned_;               ///< per fragment: served by this shard (SyncerConfig::shard_index)
-  std::uint64_t shard_fingerprint_ = 0;  ///< ShardMap(plan, shard_count).fingerprint()
+  ShardMap shard_map_;  ///< which shard serves each fragment; this one is SyncerConfig::shard_index
   std::shared_ptr<detail::PublishedBuffers> published_ =
       std::make_shared<detail::PublishedBuffers>(plan_.fragments().size());
   std::vector<std::size_t> tensor_offsets_;  ///< element offset of each tensor in plan order

@@ -172,11 +172,10 @@ class SyncerCore {
     zc.bind = o.bind;
     zc.global_codec = parse_codec(o.global_codec);
     zc.keep_contributions_encoded = true;
-    // Memory bounds from the model, or the shard's own fragments (docs/operations.md, "Memory bounds").
-    if (o.shard_count > 1 && o.shard_count <= plan.num_fragments() && o.shard_index < o.shard_count)
-      size_for_shard(zc, plan, ShardMap(plan, o.shard_count), o.shard_index);
-    else
-      size_for_plan(zc, plan);  // (a bad shard is refused by the Syncer, naming it)
+    // Memory bounds from the shard's own fragments, all of them unsharded (docs/operations.md,
+    // "Memory bounds"); a bad shard is refused first, by the Syncer's own check.
+    validate(sc);
+    size_for_shard(zc, plan, ShardMap(plan, sc.shard_count), sc.shard_index);
     zc.security = security_of("ddiloco.Syncer", o.plaintext, o.keys, o.allow, "allow='allow.txt'");
     if (zc.security.curve) {
       zc.security.own = read_key_file(o.keys);

@@ -149,10 +149,8 @@ inline std::vector<ShardSizing> size_shards(const Plan& plan, std::size_t shards
   const double period = static_cast<double>(sync_every) * spec.step_s;
   std::vector<ShardSizing> out;
   for (std::size_t s = 0; s < shards; ++s) {
-    // A shard's transport is sized by the fragments it serves (size_for_plan's rules over them).
-    std::vector<std::size_t> numels;
-    for (const std::size_t f : map.fragments_of(s)) numels.push_back(plan.fragments()[f].numel);
-    const SyncerBufferBounds b = syncer_buffer_bounds(numels);
+    // A shard's transport is sized by the fragments it serves (size_for_shard).
+    const SyncerBufferBounds b = syncer_buffer_bounds(plan, map, s);
     const double buffers = static_cast<double>(b.send_budget) + 2.0 * static_cast<double>(b.incoming_max_bytes) +
                            m * static_cast<double>(b.peer_receive_budget);
     ShardSizing z;

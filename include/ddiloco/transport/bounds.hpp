@@ -15,6 +15,7 @@
 
 #include <ddiloco/codec.hpp>
 #include <ddiloco/fragmenter.hpp>
+#include <ddiloco/shard_map.hpp>
 #include <ddiloco/wire.hpp>
 
 namespace ddiloco {
@@ -69,6 +70,13 @@ inline SyncerBufferBounds syncer_buffer_bounds(const Plan& plan) {
   std::vector<std::size_t> numels;
   numels.reserve(plan.num_fragments());
   for (const auto& f : plan.fragments()) numels.push_back(f.numel);
+  return syncer_buffer_bounds(numels);
+}
+
+/// The bounds of syncer shard `shard` of `map`: its own fragments only.
+inline SyncerBufferBounds syncer_buffer_bounds(const Plan& plan, const ShardMap& map, std::size_t shard) {
+  std::vector<std::size_t> numels;
+  for (const std::size_t p : map.fragments_of(shard)) numels.push_back(plan.fragments()[p].numel);
   return syncer_buffer_bounds(numels);
 }
 

@@ -618,11 +618,10 @@ inline void size_for_bounds(ZmqSyncerConfig& config, const SyncerBufferBounds& b
 }
 inline void size_for_plan(ZmqSyncerConfig& config, const Plan& plan) { size_for_bounds(config, syncer_buffer_bounds(plan)); }
 /// The same for syncer shard `shard` of `map`: its own fragments only (a
-/// frame of another shard's larger fragment is cut like any oversized frame).
+/// frame of another shard's larger fragment is cut like any oversized frame;
+/// with one shard, the same as size_for_plan).
 inline void size_for_shard(ZmqSyncerConfig& config, const Plan& plan, const ShardMap& map, std::size_t shard) {
-  std::vector<std::size_t> numels;
-  for (const std::size_t p : map.fragments_of(shard)) numels.push_back(plan.fragments()[p].numel);
-  size_for_bounds(config, syncer_buffer_bounds(numels));
+  size_for_bounds(config, syncer_buffer_bounds(plan, map, shard));
 }
 
 /// The syncer's end: binds a ROUTER socket and serves any number of learners.
