@@ -86,7 +86,8 @@ TEST_CASE("Data-parallel with exponential failures and a fixed restart matches i
   CHECK(simulate_goodput(c).goodput == Approx(1.0 / (1.0 + lambda * 60.0)).epsilon(0.02));
 }
 
-TEST_CASE("Elastic data-parallel loses the reconfiguration stalls and the slices that are down", "[sim][goodput]") {
+TEST_CASE("Elastic data-parallel without spares loses the reconfiguration stalls and the slices that are down",
+          "[sim][goodput]") {
   // Every failure costs two stalls C (shrink, grow back) at near-full capacity,
   // and on average a fraction f = slice * E[X] / MTBI of the slices is down:
   //   goodput ~= (1 - f) / (1 + 2 lambda C) when stalls rarely overlap.
@@ -94,10 +95,95 @@ TEST_CASE("Elastic data-parallel loses the reconfiguration stalls and the slices
   c.costs.reconfigure_s = 5.0;
   c.step_s = 0.05;
   c.failures.recovery = ExpWeibull{1.0, 1.0, 1.0}.with_mean(3600.0);
+  c.failures.spare_fraction = 0.0;
   const double lambda = 150e3 / (8760.0 * 3600.0);
   const double f = 256.0 * 3600.0 / (8760.0 * 3600.0);
   const double by_hand = (1.0 - f) / (1.0 + 2.0 * lambda * 5.0);
   CHECK(simulate_goodput(c).goodput == Approx(by_hand).epsilon(0.01));
+}
+
+TEST_CASE("With spares an elastic failure costs one stall; a pool that runs dry costs the slices it lacks",
+          "[sim][goodput]") {
+  GoodputConfig c = quiet(System::elastic, 200.0);
+  c.costs.reconfigure_s = 5.0;
+  c.step_s = 0.05;
+  c.failures.recovery = ExpWeibull{1.0, 1.0, 1.0}.with_mean(3600.0);
+  const double lambda = 150e3 / (8760.0 * 3600.0);
+  const double f = 256.0 * 3600.0 / (8760.0 * 3600.0);  // share of the slices in repair: 2.9%
+  // The default pool (10%) covers the repairs: the spare comes in during the
+  // shrink's stall, so each failure costs one stall C and no capacity.
+  const double one_stall = 1.0 / (1.0 + lambda * 5.0);
+  CHECK(simulate_goodput(c).goodput == Approx(one_stall).epsilon(0.005));
+  // A swap time longer than the stall: the job runs without the slice until
+  // the spare is in, then stalls again to grow.
+  c.failures.spare_swap_s = 600.0;
+  const double swap = (1.0 - lambda * 600.0 * 256.0 / 150e3) / (1.0 + 2.0 * lambda * 5.0);
+  CHECK(simulate_goodput(c).goodput == Approx(swap).epsilon(0.005));
+  c.failures.spare_swap_s = 0.0;
+  // A pool of 1% of the slices (6 spares) against 2.9% in repair (17 slices on
+  // average): the pool is almost always empty, so about 1.9% of the positions
+  // wait for a repaired slice, and a failure costs two stalls again (shrink,
+  // then grow when the repaired slice comes).
+  c.failures.spare_fraction = 0.01;
+  const double dry = simulate_goodput(c).goodput;
+  CHECK(dry == Approx((1.0 - (f - 0.01)) / (1.0 + 2.0 * lambda * 5.0)).epsilon(0.01));
+  CHECK(dry < one_stall - 0.01);
+}
+
+TEST_CASE("Data-parallel needs every position: without spares it waits for each repair", "[sim][goodput]") {
+  GoodputConfig c = quiet(System::data_parallel, 72.0);
+  const double with_spares = simulate_goodput(c).goodput;
+  c.failures.spare_fraction = 0.0;
+  // 586 slices with 5.6% of them in repair on average: some slice is almost
+  // always in repair, so the job barely runs.
+  const double without = simulate_goodput(c).goodput;
+  CHECK(with_spares > 0.7);
+  CHECK(without < 0.1);
+}
+
+TEST_CASE("With failures rare every system tends to 1 minus the cost of the speed spread", "[sim][goodput]") {
+  // The reference: the same cluster (same slice speeds) without failures.
+  const auto no_failures = [](GoodputConfig c) {
+    c.failures.chip_mtbi_hours = 1e30;
+    return simulate_goodput(c).goodput;
+  };
+  SECTION("chip MTBI to infinity") {
+    for (const System s : {System::data_parallel, System::elastic, System::decoupled}) {
+      GoodputConfig c;
+      c.system = s;
+      c.horizon_hours = 24.0;
+      c.failures.chip_mtbi_hours = 1e9;
+      INFO(system_name(s));
+      const double ideal = no_failures(c);
+      CHECK(ideal < 0.99);  // the speed spread costs something
+      CHECK(simulate_goodput(c).goodput == Approx(ideal).margin(0.001));
+    }
+  }
+  SECTION("few chips per job, at one interruption per chip per year") {
+    // An elastic job of 10 slices fails about once every 3.4 h; 64 learners of
+    // 9 slices over 150k chips each fail about once every 3 h. The small job
+    // gets 3 spares: with 0.56 of its 10 slices in repair on average, the
+    // default 10% (one spare) runs dry 11% of the time.
+    GoodputConfig e;
+    e.system = System::elastic;
+    e.chips = 2560;
+    e.horizon_hours = 72.0;
+    e.failures.spare_fraction = 0.3;
+    GoodputConfig d;
+    d.system = System::decoupled;
+    d.chips = 150e3;
+    d.horizon_hours = 24.0;
+    d.decoupled.learners = 64;
+    for (GoodputConfig c : {e, d}) {
+      INFO(system_name(c.system) << " with " << c.chips << " chips");
+      const double ideal = no_failures(c);
+      CHECK(simulate_goodput(c).goodput == Approx(ideal).margin(0.005));
+      // Without spares every position is down for its slice's repair: 5.6% of
+      // the slices at the defaults, whatever the job's size.
+      c.failures.spare_fraction = 0.0;
+      CHECK(simulate_goodput(c).goodput < ideal - 0.04);
+    }
+  }
 }
 
 TEST_CASE("M Decoupled DiLoCo learners behave like one elastic job with M times fewer chips", "[sim][goodput]") {
@@ -157,6 +243,12 @@ TEST_CASE("Invalid simulator settings are rejected with the value named", "[sim]
   c.chips = 1000;
   c.decoupled.learners = 16;
   CHECK_THROWS_WITH(simulate_goodput(c), Contains("more learners than slices"));
+  c = GoodputConfig{};
+  c.failures.spare_fraction = -0.1;
+  CHECK_THROWS_WITH(simulate_goodput(c), Contains("spare_fraction = -0.1"));
+  c = GoodputConfig{};
+  c.failures.spare_swap_s = -1;
+  CHECK_THROWS_WITH(simulate_goodput(c), Contains("spare_swap_s = -1"));
   c = GoodputConfig{};
   c.system = System::decoupled;
   c.decoupled.fragments = 30;  // P > H: Schedule rejects it

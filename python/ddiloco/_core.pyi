@@ -198,6 +198,10 @@ class sim:
         chip_mtbi_hours: float
         slice_chips: float
         speed_cv: float
+        spare_fraction: float
+        """Spare slices as a fraction of the slices (rounded up); 0: none."""
+        spare_swap_s: float
+        """From taking a spare to its slice running in the job; 0: within the stall."""
         recovery_mean_s: float
     class SystemCosts:
         restart_s: float

@@ -33,7 +33,8 @@ def _set(who: str, targets: list, kwargs: dict) -> None:
 
 def goodput_config(**kwargs) -> "_sim.GoodputConfig":
     """A GoodputConfig: system ('data_parallel', 'elastic', 'decoupled'), chips, horizon_hours,
-    step_s, seed, series_bin_s; failures (chip_mtbi_hours, slice_chips, speed_cv, recovery_mean_s);
+    step_s, seed, series_bin_s; failures (chip_mtbi_hours, slice_chips, speed_cv, spare_fraction,
+    spare_swap_s, recovery_mean_s);
     costs (restart_s, reconfigure_s); decoupled (learners, fragments, sync_every, overlap,
     link_latency_s, sync_s, min_quorum, gamma, grace_cap_steps, deadline_steps)."""
     c = _sim.GoodputConfig()

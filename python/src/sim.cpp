@@ -71,6 +71,8 @@ void bind_sim(py::module_& m) {
       .def_readwrite("chip_mtbi_hours", &sim::FailureModel::chip_mtbi_hours)
       .def_readwrite("slice_chips", &sim::FailureModel::slice_chips)
       .def_readwrite("speed_cv", &sim::FailureModel::speed_cv)
+      .def_readwrite("spare_fraction", &sim::FailureModel::spare_fraction)
+      .def_readwrite("spare_swap_s", &sim::FailureModel::spare_swap_s)
       .def_property(
           "recovery_mean_s", [](const sim::FailureModel& f) { return f.recovery.mean(); },
           [](sim::FailureModel& f, double mean) { f.recovery = f.recovery.with_mean(mean); });

@@ -36,3 +36,12 @@ def test_bad_values_are_refused_with_the_headers_messages():
         ddiloco.sim.compute_utilisation("ring", 1.0)
     with pytest.raises(ddiloco.InvalidArgument, match=r"BandwidthScenario::step_s = -1: must be > 0"):
         ddiloco.sim.compute_utilisation("diloco", 1.0, step_s=-1)
+
+
+def test_spare_pool_is_a_keyword_and_without_it_an_elastic_job_loses_the_slices_in_repair():
+    kw = dict(system="elastic", chips=150_000, horizon_hours=24, seed=1)
+    with_pool = ddiloco.sim.simulate_goodput(**kw)["goodput"]
+    without = ddiloco.sim.simulate_goodput(spare_fraction=0.0, **kw)["goodput"]
+    assert without < with_pool - 0.03
+    with pytest.raises(ValueError, match="spare_fraction = -1"):
+        ddiloco.sim.simulate_goodput(spare_fraction=-1.0, **kw)

@@ -4,8 +4,10 @@
 // What it is: least-squares fits, by golden-section search on the simulator
 // itself with a fixed seed (common random numbers make the objective smooth):
 //   * data_parallel: restart_s;
-//   * elastic: reconfigure_s and the mean slice recovery delay, by alternating
-//     one-dimensional searches (coordinate descent).
+//   * elastic: reconfigure_s.
+// The mean slice recovery delay is not fitted: with the spare pool
+// (FailureModel::spare_fraction) the baselines do not depend on it while the
+// pool covers the slices in repair, so the figures cannot identify it.
 // Only baseline constants are fitted; Decoupled DiLoCo's settings are never
 // touched, so its goodput is a prediction of the calibrated physical model.
 // What it is not: a general optimiser; the searches assume one minimum in
@@ -45,7 +47,6 @@ struct FitCell {
 struct BaselineFit {
   double restart_s = 0;
   double reconfigure_s = 0;
-  double recovery_mean_s = 0;
   std::vector<FitCell> data_parallel;
   std::vector<FitCell> elastic;
   /// Root mean square of (model - target) over each system's cells.
@@ -100,11 +101,10 @@ inline void check_targets(std::span<const GoodputTarget> targets, const char* wh
 }
 }  // namespace detail
 
-/// Fits restart_s to `dp` and (reconfigure_s, recovery mean) to `elastic`,
-/// starting from `base` (its other fields, seed and horizon are kept).
-/// `iterations` golden-section steps per search (each step shrinks the
-/// bracket by 0.618). Brackets: restart 0..600 s, reconfigure 0..120 s,
-/// recovery mean 1 minute..48 hours (searched on a log scale).
+/// Fits restart_s to `dp` and reconfigure_s to `elastic`, starting from
+/// `base` (its other fields, seed and horizon are kept). `iterations`
+/// golden-section steps per search (each step shrinks the bracket by 0.618).
+/// Brackets: restart 0..600 s, reconfigure 0..120 s.
 inline BaselineFit calibrate_baselines(const GoodputConfig& base, std::span<const GoodputTarget> dp,
                                        std::span<const GoodputTarget> elastic, int iterations = 18) {
   detail::check_targets(dp, "data-parallel");
@@ -124,22 +124,13 @@ inline BaselineFit calibrate_baselines(const GoodputConfig& base, std::span<cons
   fit.data_parallel = detail::evaluate(c, dp);
 
   c.system = System::elastic;
-  double log_mean = std::log(base.failures.recovery.mean());
-  double reconf = base.costs.reconfigure_s;
-  const auto elastic_sse = [&](double lm, double rc) {
-    c.failures.recovery = base.failures.recovery.with_mean(std::exp(lm));
-    c.costs.reconfigure_s = rc;
-    return detail::sse(detail::evaluate(c, elastic));
-  };
-  for (int round = 0; round < 3; ++round) {
-    reconf = detail::golden_min([&](double rc) { return elastic_sse(log_mean, rc); }, 0.0, 120.0, iterations);
-    log_mean = detail::golden_min([&](double lm) { return elastic_sse(lm, reconf); }, std::log(60.0),
-                                  std::log(48.0 * 3600.0), iterations);
-  }
-  fit.reconfigure_s = reconf;
-  fit.recovery_mean_s = std::exp(log_mean);
-  c.failures.recovery = base.failures.recovery.with_mean(fit.recovery_mean_s);
-  c.costs.reconfigure_s = reconf;
+  fit.reconfigure_s = detail::golden_min(
+      [&](double rc) {
+        c.costs.reconfigure_s = rc;
+        return detail::sse(detail::evaluate(c, elastic));
+      },
+      0.0, 120.0, iterations);
+  c.costs.reconfigure_s = fit.reconfigure_s;
   fit.elastic = detail::evaluate(c, elastic);
   fit.data_parallel_rmse = std::sqrt(detail::sse(fit.data_parallel) / static_cast<double>(dp.size()));
   fit.elastic_rmse = std::sqrt(detail::sse(fit.elastic) / static_cast<double>(elastic.size()));

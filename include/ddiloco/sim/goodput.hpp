@@ -19,10 +19,17 @@
 // # The model (every constant is a field below, with its default)
 // - Chips fail independently at rate 1 / chip_mtbi (default one interruption
 //   per chip per year, as in the paper), so the cluster sees a Poisson stream
-//   of rate N / chip_mtbi. A failure hits a uniformly random slice; a failure
-//   that hits a slice already down is dropped (its chips are not running).
-// - A slice of `slice_chips` chips is the unit that fails and returns. Its
-//   recovery delay is exponentiated Weibull (sim/random.hpp).
+//   of rate N / chip_mtbi. A failure hits a uniformly random slice position; a
+//   failure that hits a position already down is dropped (its chips are not running).
+// - A slice of `slice_chips` chips is the unit that fails. A failed slice goes
+//   to repair for an exponentiated-Weibull delay (sim/random.hpp) and then
+//   joins a pool of spare slices. The pool starts with
+//   ceil(spare_fraction x slices) spares outside the N chips (goodput is still
+//   counted against N). A position whose slice failed takes a spare from the
+//   pool after spare_swap_s; with the pool empty it waits for the next repaired
+//   slice (positions are served first come, first served). Every system draws
+//   on the same pool. spare_fraction = 0 is a cluster without spares: a
+//   position is down for its slice's whole repair.
 // - Each slice has a fixed speed factor 1 + speed_cv * Z (Z standard normal,
 //   clipped to >= 0.05). A lock-step job runs at its slowest running slice:
 //   one inner step takes step_s / min_speed. Goodput is measured against
@@ -31,13 +38,20 @@
 //   A step of a job with `a` running chips yields a * step_s chip-seconds.
 // - goodput = useful chip-seconds / (N * horizon).
 // - data_parallel: a failure while running stops the job for restart_s
-//   (re-schedule, reload the checkpoint, warm up). Failures during a restart
-//   are absorbed by it; spare slices replace failed ones, so recovery delays do
-//   not matter to this system.
+//   (re-schedule onto the spare, reload the checkpoint, warm up). Failures
+//   during a restart are absorbed by it. The job needs every position: if one
+//   still waits for a slice when the restart ends, it waits too, and restarts
+//   again when the slice comes.
 // - elastic and each decoupled learner: a slice going down or coming back
 //   stalls the job for reconfigure_s; changes during a stall are absorbed by
-//   it. The job then runs on the slices that are up. A job with no slice up
-//   waits for one.
+//   it (with spare_swap_s = 0 the spare comes in during the shrink's stall, so
+//   a failure costs one stall). The job then runs on the slices that are up. A
+//   job with no slice up waits for one.
+// - Limits: with failures rare (chip_mtbi -> infinity, or few chips per job so
+//   each job rarely fails) every system's goodput tends to 1 minus the cost of
+//   the speed spread, as long as the pool covers the slices in repair (on
+//   average slices x slice_chips x E[recovery] / chip_mtbi, 5.6% at the
+//   defaults). Without spares an elastic job loses that fraction at any size.
 // - decoupled: learner m sends fragment p at the steps Schedule(P, H, tau)
 //   says; the contribution reaches the syncer after link_latency_s. The syncer
 //   keeps one RoundState per fragment and asks QuorumPolicy::decide on every
@@ -55,6 +69,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <optional>
 #include <queue>
@@ -87,16 +102,25 @@ struct FailureModel {
   /// Recovery delay of a failed slice, in seconds. The shape (k < 1: a heavy
   /// tail of long repairs; alpha > 1: few near-instant returns) is an
   /// assumption; the mean is calibrated (goodput depends on it, not on the shape).
-  /// Default mean: 1.93 h, calibrated (see docs/simulator.md).
+  /// Default mean: 1.93 h, the value fitted to the elastic row when the model
+  /// had no spares (docs/simulator.md). With the default pool the baselines no
+  /// longer depend on it, so it is now an assumption: it sizes the repair
+  /// pipeline, and matters when the pool runs dry.
   ExpWeibull recovery = ExpWeibull{1.0, 0.8, 1.5}.with_mean(1.93 * 3600.0);
   double speed_cv = 0.01;  ///< per-slice speed spread (coefficient of variation)
+  /// Spare slices, as a fraction of the slices (rounded up; 0: no spares). The
+  /// default covers the 5.6% of slices in repair at the other defaults with room
+  /// for their fluctuation; an assumption, not calibrated (the baselines do not
+  /// move with it while the pool does not run dry).
+  double spare_fraction = 0.10;
+  double spare_swap_s = 0.0;  ///< from taking a spare to its slice running in the job (0: within the stall)
 };
 
 /// The baselines' costs. Defaults: calibrate_baselines() on the goodput table of
 /// docs/algorithm.md, "Published figures", with seed 1 and a 72 h horizon (docs/simulator.md).
 struct SystemCosts {
   double restart_s = 74.0;     ///< data_parallel: one restart after a failure
-  double reconfigure_s = 7.0;  ///< elastic / decoupled learner: one shrink or grow
+  double reconfigure_s = 17.7;  ///< elastic / decoupled learner: one shrink or grow (a spare comes in within it)
 };
 
 /// Decoupled DiLoCo's own settings: the paper's defaults, never tuned to goodput.
@@ -192,6 +216,7 @@ class GoodputSim {
     speed_.resize(num_slices_);
     for (auto& s : speed_) s = std::max(0.05, 1.0 + c.failures.speed_cv * rng_speed_.normal());
     up_.assign(num_slices_, 1);
+    spares_ = static_cast<std::size_t>(std::ceil(c.failures.spare_fraction * static_cast<double>(num_slices_) - 1e-9));
     learner_of_.resize(num_slices_);
     learners_.resize(m_);
     for (std::size_t l = 0; l < m_; ++l) {
@@ -236,7 +261,8 @@ class GoodputSim {
       now_ = e.t;
       switch (e.kind) {
         case Kind::failure: on_failure(rate); break;
-        case Kind::slice_up: on_slice_up(e.a); break;
+        case Kind::repaired: on_repaired(); break;
+        case Kind::slice_in: on_slice_up(e.a); break;
         case Kind::stall_end: if (learners_[e.a].gen == e.gen) on_stall_end(e.a); break;
         case Kind::step_end: if (learners_[e.a].gen == e.gen) on_step_end(e.a); break;
         case Kind::arrive: on_arrive(e.a, e.b); break;
@@ -268,7 +294,7 @@ class GoodputSim {
   }
 
  private:
-  enum class Kind : std::uint8_t { failure, slice_up, stall_end, step_end, arrive, wake };
+  enum class Kind : std::uint8_t { failure, repaired, slice_in, stall_end, step_end, arrive, wake };
   struct Event {
     double t;
     std::uint64_t seq;
@@ -310,6 +336,10 @@ class GoodputSim {
     if (!(c_.failures.chip_mtbi_hours > 0)) bad("failures.chip_mtbi_hours", c_.failures.chip_mtbi_hours, "must be > 0");
     if (!(c_.failures.slice_chips >= 1)) bad("failures.slice_chips", c_.failures.slice_chips, "a slice has >= 1 chip");
     if (!(c_.failures.speed_cv >= 0)) bad("failures.speed_cv", c_.failures.speed_cv, "must be >= 0");
+    if (!(c_.failures.spare_fraction >= 0 && c_.failures.spare_fraction <= 1e3)) {
+      bad("failures.spare_fraction", c_.failures.spare_fraction, "spares per slice, from 0 (none) to 1000");
+    }
+    if (!(c_.failures.spare_swap_s >= 0)) bad("failures.spare_swap_s", c_.failures.spare_swap_s, "must be >= 0");
     c_.failures.recovery.validate();
     if (!(c_.costs.restart_s >= 0)) bad("costs.restart_s", c_.costs.restart_s, "must be >= 0");
     if (!(c_.costs.reconfigure_s >= 0)) bad("costs.reconfigure_s", c_.costs.reconfigure_s, "must be >= 0");
@@ -398,21 +428,41 @@ class GoodputSim {
     push(now_ + rng_fail_.exponential(rate), Kind::failure, 0, 0);
     const std::size_t s = static_cast<std::size_t>(rng_fail_.below(num_slices_));
     const double delay = c_.failures.recovery.sample(rng_recover_);  // drawn always: common random numbers
-    if (c_.system == System::data_parallel) {
-      if (!learners_[0].stalled) {
-        count_failure();
-        stall(0, c_.costs.restart_s);
-      }
-      return;
-    }
     if (!up_[s]) return;  // its chips are not running
+    const std::size_t l = learner_of_[s];
+    if (c_.system == System::data_parallel && learners_[0].stalled) return;  // absorbed by the restart
     count_failure();
     up_[s] = 0;
-    const std::size_t l = learner_of_[s];
     --learners_[l].up;
     learners_[l].slowest.changed(s, up_);
-    push(now_ + delay, Kind::slice_up, s, 0);
-    stall(l, c_.costs.reconfigure_s);
+    push(now_ + delay, Kind::repaired, 0, 0);  // the failed slice, back in the pool after repair
+    stall(l, c_.system == System::data_parallel ? c_.costs.restart_s : c_.costs.reconfigure_s);
+    if (spares_ > 0) {
+      --spares_;
+      bring_in(s);
+    } else {
+      waiting_.push_back(s);
+    }
+  }
+
+  // A slice from the pool goes to position s: within the stall in progress
+  // (spare_swap_s = 0) or after the swap time.
+  void bring_in(std::size_t s) {
+    if (c_.failures.spare_swap_s > 0) {
+      push(now_ + c_.failures.spare_swap_s, Kind::slice_in, s, 0);
+    } else {
+      on_slice_up(s);
+    }
+  }
+
+  void on_repaired() {
+    if (waiting_.empty()) {
+      ++spares_;
+      return;
+    }
+    const std::size_t s = waiting_.front();
+    waiting_.pop_front();
+    bring_in(s);
   }
 
   void count_failure() {
@@ -428,6 +478,15 @@ class GoodputSim {
     auto& L = learners_[l];
     ++L.up;
     L.slowest.changed(s, up_);
+    if (c_.system == System::data_parallel) {  // runs only on every position
+      if (L.waiting_for_slice && L.up == L.count) {
+        L.waiting_for_slice = false;
+        ++L.gen;
+        ++stalls_;
+        push(now_ + c_.costs.restart_s, Kind::stall_end, l, 0, L.gen);  // restart onto it
+      }
+      return;
+    }
     if (L.waiting_for_slice) {  // stalled with no slice up: reconfigure onto this one
       L.waiting_for_slice = false;
       ++L.gen;
@@ -440,8 +499,8 @@ class GoodputSim {
 
   void on_stall_end(std::size_t l) {
     auto& L = learners_[l];
-    if (c_.system != System::data_parallel && L.up == 0) {
-      L.waiting_for_slice = true;  // nothing to run on: wait for a slice to return
+    if (c_.system == System::data_parallel ? L.up < L.count : L.up == 0) {
+      L.waiting_for_slice = true;  // nothing to run on (data-parallel: a position is empty): wait for a slice
       return;
     }
     L.stalled = false;
@@ -542,6 +601,8 @@ class GoodputSim {
   std::vector<char> up_;
   std::vector<std::size_t> learner_of_;
   std::vector<Learner> learners_;
+  std::size_t spares_ = 0;             // repaired or spare slices free in the pool
+  std::deque<std::size_t> waiting_;    // positions waiting for a slice, oldest first
   double min_speed_all_ = -1;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> queue_;
   std::uint64_t seq_ = 0;
