@@ -113,24 +113,21 @@ inline BaselineFit calibrate_baselines(const GoodputConfig& base, std::span<cons
 
   GoodputConfig c = base;
   c.series_bin_s = 0;
-  c.system = System::data_parallel;
-  fit.restart_s = detail::golden_min(
-      [&](double r) {
-        c.costs.restart_s = r;
-        return detail::sse(detail::evaluate(c, dp));
-      },
-      0.0, 600.0, iterations);
-  c.costs.restart_s = fit.restart_s;
+  // One cost of one system fitted to that system's targets on [0, hi]; c keeps the fitted value.
+  const auto fit_cost = [&](System system, double SystemCosts::*cost, std::span<const GoodputTarget> targets,
+                            double hi) {
+    c.system = system;
+    c.costs.*cost = detail::golden_min(
+        [&](double v) {
+          c.costs.*cost = v;
+          return detail::sse(detail::evaluate(c, targets));
+        },
+        0.0, hi, iterations);
+    return c.costs.*cost;
+  };
+  fit.restart_s = fit_cost(System::data_parallel, &SystemCosts::restart_s, dp, 600.0);
   fit.data_parallel = detail::evaluate(c, dp);
-
-  c.system = System::elastic;
-  fit.reconfigure_s = detail::golden_min(
-      [&](double rc) {
-        c.costs.reconfigure_s = rc;
-        return detail::sse(detail::evaluate(c, elastic));
-      },
-      0.0, 120.0, iterations);
-  c.costs.reconfigure_s = fit.reconfigure_s;
+  fit.reconfigure_s = fit_cost(System::elastic, &SystemCosts::reconfigure_s, elastic, 120.0);
   fit.elastic = detail::evaluate(c, elastic);
   fit.data_parallel_rmse = std::sqrt(detail::sse(fit.data_parallel) / static_cast<double>(dp.size()));
   fit.elastic_rmse = std::sqrt(detail::sse(fit.elastic) / static_cast<double>(elastic.size()));
