@@ -38,6 +38,10 @@ def main():
     a.add_argument("--init", required=True, help="file:// rendezvous path (must not exist yet)")
     a.add_argument("--out", required=True, help="prefix of the result files")
     a.add_argument("--steps", type=int, default=0, help="inner steps (0: until stopped or --max-seconds)")
+    a.add_argument("--min-applies", type=int, default=0,
+                   help="after --steps, go on in blocks of --block steps until the leader has applied this many "
+                        "globals (the leader broadcasts the decision; bounded by --max-seconds)")
+    a.add_argument("--block", type=int, default=4, help="the steps of one block after --steps")
     a.add_argument("--max-seconds", type=float, default=90.0, help="give up after this long (no orphans)")
     a.add_argument("--alpha", type=float, default=0.0)
     a.add_argument("--lr", type=float, default=0.02)
@@ -71,7 +75,16 @@ def main():
             if learner.is_leader:
                 write_json(args.out + ".progress.json", learner.status())
             i = 0
-            while args.steps == 0 or i < args.steps:
+            while True:
+                if args.steps != 0 and i >= args.steps and (i - args.steps) % args.block == 0:
+                    if args.min_applies <= 0:
+                        break
+                    # Train on until the event the test needs (a number of applied globals), however fast the
+                    # syncer merges next to these processes; every rank stops at the same step.
+                    more = torch.tensor([int(learner.is_leader and learner.status()["applies"] < args.min_applies)])
+                    dist.broadcast(more, src=0)  # the leader is rank 0 (GroupLearner's default)
+                    if not more.item():
+                        break
                 if time.monotonic() - start > args.max_seconds:
                     raise TimeoutError(f"rank {args.rank}: still running after {args.max_seconds} s")
                 inner_step(model, opt, x, y, g, all_reduce=True)

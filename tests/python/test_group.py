@@ -21,6 +21,8 @@ STEPS = 300        # inner steps per learner (and per rank of the group)
 LR = 0.02
 GROUP_ID = 2
 WAIT_S = 60        # the bound of every wait for an event below
+MIN_APPLIES = 22   # globals the group's leader applies before it stops (after at least STEPS steps)
+LEARNER_MIN_APPLIES = 10  # and each single learner next to it
 # The workers import the ddiloco this test imported, wherever PYTHONPATH pointed (relative paths included).
 WORKER_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
     [os.path.dirname(os.path.dirname(os.path.abspath(ddiloco.__file__)))] +
@@ -85,8 +87,9 @@ def kill_all(procs):
 
 
 def single_learner(learner_id, endpoint, steps, results, errors, stop=None, progress=None, noise=0.01,
-                   round="push"):
-    """A single-process learner in a thread: `steps` inner steps, or until `stop` is set."""
+                   round="push", min_applies=0):
+    """A single-process learner in a thread: `steps` inner steps, or until `stop` is set; then on until it has
+    applied `min_applies` globals (within WAIT_S)."""
     try:
         model = model_of()
         x, y = task(100 + learner_id, noise)
@@ -101,6 +104,14 @@ def single_learner(learner_id, endpoint, steps, results, errors, stop=None, prog
                 if progress is not None:
                     progress[learner_id] = (i, learner.status()["sends"])
                     time.sleep(0.002)  # pacing only: leaves the 2 cores to the group's processes
+            deadline = time.monotonic() + WAIT_S
+            while learner.status()["applies"] < min_applies:  # how many merges fit in `steps` depends on load
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"learner {learner_id}: {learner.status()['applies']} of {min_applies} "
+                                       f"globals applied after {i} steps")
+                inner_step(model, opt, x, y, g)
+                learner.step(tokens=BATCH)
+                i += 1
             results[learner_id] = learner.status()
     except BaseException as e:  # reported by the main thread
         errors.append(e)
@@ -128,14 +139,17 @@ def global_model(s):
 
 def train_group_and_two_learners(s, directory, tag, round="push", fold_floats=None):
     """Group learner GROUP_ID (two processes) and two single learners (threads) train STEPS steps against
-    syncer `s`. Returns (leader's status, follower's status, the single learners' statuses) once all ended;
-    asserts the two ranks' parameters are bit-identical."""
+    syncer `s`; the group then trains on, 4 steps at a time, until its leader has applied MIN_APPLIES globals,
+    and each single learner until it has applied LEARNER_MIN_APPLIES (how many merges fit in STEPS steps
+    depends on how fast the syncer runs next to the learners). Returns
+    (leader's status, follower's status, the single learners' statuses) once all ended; asserts the two
+    ranks' parameters are bit-identical."""
     procs, out = start_group(s.endpoint, directory, tag, STEPS, alpha=0.25, fold_floats=fold_floats,
-                             extra=["--round", round])
+                             extra=["--round", round, "--min-applies", str(MIN_APPLIES), "--block", "4"])
     try:
         results, errors = {}, []
         threads = [threading.Thread(target=single_learner, args=(i, s.endpoint, STEPS, results, errors),
-                                    kwargs=dict(round=round)) for i in range(2)]
+                                    kwargs=dict(round=round, min_applies=LEARNER_MIN_APPLIES)) for i in range(2)]
         for t in threads:
             t.start()
         for t in threads:
@@ -167,28 +181,30 @@ def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_
     leader, follower, results = train_group_and_two_learners(s, str(tmp_path), "train", fold_floats=fold_floats)
     assert leader["role"] == "leader" and follower["role"] == "follower"
     # The follower applied every global the leader applied after its join (the join wrote the state whole).
-    assert follower["applies"] == leader["applies"] - 2 and follower["applies"] >= 20, (leader, follower)
+    assert follower["applies"] == leader["applies"] - 2 and leader["applies"] >= MIN_APPLIES, (leader, follower)
     assert follower["base_versions"] == leader["base_versions"]
+    n = leader["step"]  # STEPS, or a few blocks of 4 more until MIN_APPLIES
+    assert n >= STEPS and (n - STEPS) % 4 == 0, leader
     # The leader's counters account for the group's tokens (token_count="sum"): its own BATCH per step, and
     # the follower's up to the last step at which a fragment was due (every send is at one): H / P = 4 steps
     # apart, so one of the last 4.
-    assert leader["step"] == STEPS == follower["group_step"] and follower["own_tokens"] == BATCH * STEPS
+    assert n == follower["group_step"] and follower["own_tokens"] == BATCH * n
     assert leader["synced_step"] == follower["synced_step"] and leader["synced_steps"] == follower["synced_steps"]
-    assert leader["tokens_step"] == follower["tokens_step"] and STEPS - 4 < follower["tokens_step"] <= STEPS
-    assert leader["tokens"] == BATCH * STEPS + BATCH * follower["tokens_step"], (leader, follower)
+    assert leader["tokens_step"] == follower["tokens_step"] and n - 4 < follower["tokens_step"] <= n
+    assert leader["tokens"] == BATCH * n + BATCH * follower["tokens_step"], (leader, follower)
     # The ranks communicate only where a global may be applied: from a send + tau until it is (at least one
     # step per send; the leader's sends after the join are a fragment every H / P = 4 steps).
-    assert STEPS - 8 < follower["synced_step"] <= STEPS
-    assert leader["sends"] - 2 <= follower["synced_steps"] < STEPS, (leader, follower)
+    assert n - 8 < follower["synced_step"] <= n
+    assert leader["sends"] - 2 <= follower["synced_steps"] < n, (leader, follower)
     st = s.status()
     others = st["rejected_total"] - st["rejected"]["stale"]  # stale: see test_training.py
     assert st["joins"] >= 3 and others == 0 and st["merges"] >= 20, st["line"]
-    assert all(r["applies"] >= 10 for r in results.values()), results
+    assert all(r["applies"] >= LEARNER_MIN_APPLIES for r in results.values()), results
     final = mse(global_model(s), x_eval, y_eval)
     assert final < bound < initial, (initial, bound, final, st["line"])
     print(f"group training test: {time.monotonic() - start:.1f} s; loss {initial:.3g} -> {final:.3g} "
           f"(bound {bound:.3g}); {follower['applies']} applies followed; the ranks communicated at "
-          f"{follower['synced_steps']} of {STEPS} steps")
+          f"{follower['synced_steps']} of {n} steps")
 
 
 def test_a_group_in_pull_rounds_answers_pulls_applies_every_h_over_p_steps_and_its_ranks_end_bit_identical(
@@ -201,20 +217,23 @@ def test_a_group_in_pull_rounds_answers_pulls_applies_every_h_over_p_steps_and_i
     s = syncer_of(model_of(), heartbeat_timeout=60, **dict(SYNCER, round="pull"))
     leader, follower, results = train_group_and_two_learners(s, str(tmp_path), "pull", round="pull")
     # The follower applied every global the leader applied after its join (which applied both fragments).
-    assert follower["applies"] == leader["applies"] - 2 and follower["applies"] >= 20, (leader, follower)
+    assert follower["applies"] == leader["applies"] - 2 and leader["applies"] >= MIN_APPLIES, (leader, follower)
     assert follower["base_versions"] == leader["base_versions"]
+    n = leader["step"]  # STEPS, or a few blocks of 4 more until MIN_APPLIES
+    assert n >= STEPS and (n - STEPS) % 4 == 0, leader
     # The ranks communicated at every 4th step and only there; the group's tokens were summed there.
-    assert follower["synced_steps"] == leader["synced_steps"] == STEPS // 4, (leader, follower)
-    assert follower["synced_step"] == STEPS == follower["tokens_step"]
-    assert leader["tokens"] == 2 * BATCH * STEPS, leader
+    assert follower["synced_steps"] == leader["synced_steps"] == n // 4, (leader, follower)
+    assert follower["synced_step"] == n == follower["tokens_step"]
+    assert leader["tokens"] == 2 * BATCH * n, leader
     # The group answered pulls (its contributions were merged) and sent metadata every step.
     assert leader["pulls"] >= 20 and leader["sends"] >= 20 and leader["metadata_sent"] >= STEPS, leader
     st = s.status()
     others = st["rejected_total"] - st["rejected"]["stale"]
     assert st["joins"] >= 3 and others == 0 and st["merges"] >= 20, st["line"]
-    assert all(r["applies"] >= 10 for r in results.values()), results
+    assert all(r["applies"] >= LEARNER_MIN_APPLIES for r in results.values()), results
     final = mse(global_model(s), x_eval, y_eval)
     assert final < bound < initial, (initial, bound, final, st["line"])
+    print(f"group pull test: {leader['applies']} applies by the leader in {n} steps; {st['merges']} merges")
 
 
 def test_a_lock_step_group_with_tau_0_applies_each_global_at_its_send_step_on_both_ranks(syncer_of, tmp_path):
