@@ -16,6 +16,20 @@ GoodputConfig quiet(System s, double hours = 12.0) {
   c.failures.speed_cv = 0.0;
   return c;
 }
+
+// The elastic cases worked by hand: 150k chips, stalls C = 5 s, short steps and
+// exponential repairs of 1 h, so that lambda = 150k / (8760 h) failures per second
+// and a share f = 256 x 1 h / 8760 h (2.9%) of the slices is in repair on average.
+constexpr double kStall = 5.0;
+constexpr double kLambda = 150e3 / (8760.0 * 3600.0);
+constexpr double kInRepair = 256.0 * 3600.0 / (8760.0 * 3600.0);
+GoodputConfig by_hand_elastic() {
+  GoodputConfig c = quiet(System::elastic, 200.0);
+  c.costs.reconfigure_s = kStall;
+  c.step_s = 0.05;
+  c.failures.recovery = ExpWeibull{1.0, 1.0, 1.0}.with_mean(3600.0);
+  return c;
+}
 }  // namespace
 
 TEST_CASE("Without failures every system reaches 100% goodput", "[sim][goodput]") {
@@ -91,33 +105,23 @@ TEST_CASE("Elastic data-parallel without spares loses the reconfiguration stalls
   // Every failure costs two stalls C (shrink, grow back) at near-full capacity,
   // and on average a fraction f = slice * E[X] / MTBI of the slices is down:
   //   goodput ~= (1 - f) / (1 + 2 lambda C) when stalls rarely overlap.
-  GoodputConfig c = quiet(System::elastic, 200.0);
-  c.costs.reconfigure_s = 5.0;
-  c.step_s = 0.05;
-  c.failures.recovery = ExpWeibull{1.0, 1.0, 1.0}.with_mean(3600.0);
+  GoodputConfig c = by_hand_elastic();
   c.failures.spare_fraction = 0.0;
-  const double lambda = 150e3 / (8760.0 * 3600.0);
-  const double f = 256.0 * 3600.0 / (8760.0 * 3600.0);
-  const double by_hand = (1.0 - f) / (1.0 + 2.0 * lambda * 5.0);
+  const double by_hand = (1.0 - kInRepair) / (1.0 + 2.0 * kLambda * kStall);
   CHECK(simulate_goodput(c).goodput == Approx(by_hand).epsilon(0.01));
 }
 
 TEST_CASE("With spares an elastic failure costs one stall; a pool that runs dry costs the slices it lacks",
           "[sim][goodput]") {
-  GoodputConfig c = quiet(System::elastic, 200.0);
-  c.costs.reconfigure_s = 5.0;
-  c.step_s = 0.05;
-  c.failures.recovery = ExpWeibull{1.0, 1.0, 1.0}.with_mean(3600.0);
-  const double lambda = 150e3 / (8760.0 * 3600.0);
-  const double f = 256.0 * 3600.0 / (8760.0 * 3600.0);  // share of the slices in repair: 2.9%
+  GoodputConfig c = by_hand_elastic();
   // The default pool (10%) covers the repairs: the spare comes in during the
   // shrink's stall, so each failure costs one stall C and no capacity.
-  const double one_stall = 1.0 / (1.0 + lambda * 5.0);
+  const double one_stall = 1.0 / (1.0 + kLambda * kStall);
   CHECK(simulate_goodput(c).goodput == Approx(one_stall).epsilon(0.005));
   // A swap time longer than the stall: the job runs without the slice until
   // the spare is in, then stalls again to grow.
   c.failures.spare_swap_s = 600.0;
-  const double swap = (1.0 - lambda * 600.0 * 256.0 / 150e3) / (1.0 + 2.0 * lambda * 5.0);
+  const double swap = (1.0 - kLambda * 600.0 * 256.0 / 150e3) / (1.0 + 2.0 * kLambda * kStall);
   CHECK(simulate_goodput(c).goodput == Approx(swap).epsilon(0.005));
   c.failures.spare_swap_s = 0.0;
   // A pool of 1% of the slices (6 spares) against 2.9% in repair (17 slices on
@@ -126,7 +130,7 @@ TEST_CASE("With spares an elastic failure costs one stall; a pool that runs dry 
   // then grow when the repaired slice comes).
   c.failures.spare_fraction = 0.01;
   const double dry = simulate_goodput(c).goodput;
-  CHECK(dry == Approx((1.0 - (f - 0.01)) / (1.0 + 2.0 * lambda * 5.0)).epsilon(0.01));
+  CHECK(dry == Approx((1.0 - (kInRepair - 0.01)) / (1.0 + 2.0 * kLambda * kStall)).epsilon(0.01));
   CHECK(dry < one_stall - 0.01);
 }
 

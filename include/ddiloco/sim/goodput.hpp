@@ -436,7 +436,7 @@ class GoodputSim {
     --learners_[l].up;
     learners_[l].slowest.changed(s, up_);
     push(now_ + delay, Kind::repaired, 0, 0);  // the failed slice, back in the pool after repair
-    stall(l, c_.system == System::data_parallel ? c_.costs.restart_s : c_.costs.reconfigure_s);
+    stall(l, change_cost());
     if (spares_ > 0) {
       --spares_;
       bring_in(s);
@@ -478,23 +478,21 @@ class GoodputSim {
     auto& L = learners_[l];
     ++L.up;
     L.slowest.changed(s, up_);
-    if (c_.system == System::data_parallel) {  // runs only on every position
-      if (L.waiting_for_slice && L.up == L.count) {
-        L.waiting_for_slice = false;
-        ++L.gen;
-        ++stalls_;
-        push(now_ + c_.costs.restart_s, Kind::stall_end, l, 0, L.gen);  // restart onto it
-      }
-      return;
-    }
-    if (L.waiting_for_slice) {  // stalled with no slice up: reconfigure onto this one
+    const bool data_parallel = c_.system == System::data_parallel;  // runs only on every position
+    if (L.waiting_for_slice && (!data_parallel || L.up == L.count)) {
+      // Stalled with nothing to run on: restart or reconfigure onto the slices now up.
       L.waiting_for_slice = false;
       ++L.gen;
       ++stalls_;
-      push(now_ + c_.costs.reconfigure_s, Kind::stall_end, l, 0, L.gen);
+      push(now_ + change_cost(), Kind::stall_end, l, 0, L.gen);
       return;
     }
-    stall(l, c_.costs.reconfigure_s);  // grow back (absorbed by a stall in progress)
+    if (!data_parallel) stall(l, c_.costs.reconfigure_s);  // grow back (absorbed by a stall in progress)
+  }
+
+  /// The stall a change of the slices costs: a restart (data-parallel) or a reconfiguration.
+  [[nodiscard]] double change_cost() const {
+    return c_.system == System::data_parallel ? c_.costs.restart_s : c_.costs.reconfigure_s;
   }
 
   void on_stall_end(std::size_t l) {
