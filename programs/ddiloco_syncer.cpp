@@ -64,7 +64,8 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
         << "\nimpersonations=" << z.impersonations << "\nsend_dropped=" << z.send_dropped << "\nbytes_in=" << z.bytes_in << "\nbytes_out=" << z.bytes_out
         << "\nsend_over_budget=" << z.send_over_budget << "\nwrong_direction=" << z.wrong_direction
         << "\ndisconnects=" << z.disconnects << "\nreceive_pauses=" << z.receive_pauses
-        << "\npeers_evicted=" << z.peers_evicted << "\nslow_peer_frames=" << z.slow_peer_frames << "\nsend_queued_bytes=" << z.send_queued_bytes
+        << "\npeers_evicted=" << z.peers_evicted << "\nslow_peer_frames=" << z.slow_peer_frames
+        << "\njoins_dropped=" << z.joins_dropped << "\nsend_queued_bytes=" << z.send_queued_bytes
         << "\nincoming_queued_bytes=" << z.incoming_queued_bytes << "\nstate_frames_streamed=" << z.state_frames_streamed
         << "\nstate_duplicates=" << z.state_duplicates << "\nstreams_abandoned=" << z.streams_abandoned
         << "\nstate_waiting=" << z.state_waiting << "\n";
@@ -227,6 +228,7 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, std::vector<C
   if (f.count("peer-receive-budget-mb") != 0) zc.peer_receive_budget = f.count("peer-receive-budget-mb") * MiB;
   if (f.count("incoming-max-mb") != 0) zc.incoming_max_bytes = f.count("incoming-max-mb") * MiB;
   zc.max_peers = f.count("max-peers");
+  zc.connection_join_burst = f.count("connection-join-burst");
   zc.slow_peer_timeout = std::chrono::milliseconds(f.integer("slow-peer-timeout-ms"));
   if (f.flag("plaintext")) {
     zc.security = ZmqSecurity::plaintext();
@@ -407,6 +409,9 @@ int main(int argc, char** argv) try {
         "until it reads again, so it is declared dead after --heartbeat-timeout-ms and sent nothing more");
   f.add("max-peers", "4096", "reply routes kept (learner ids heard from); beyond it the least recently heard are "
                              "forgotten");
+  f.add("connection-join-burst", "8",
+        "joins and observes taken from one connection per second; beyond it they are dropped on arrival "
+        "(joins_dropped), so one connection flooding joins cannot spend the join budget of every other joiner");
   f.add("shard", "0/1",
         "i/S: serve only shard i of S (counted from 0) of the fragments, as ShardMap derives them from the plan; "
         "run one syncer per shard, each with its own --bind and --checkpoint-dir, and give learners every "

@@ -269,7 +269,7 @@ namespace {
 /// A transport's counters with the memory-bound fields of ZmqCounters.
 struct FakeBoundCounters : FakeTransportCounters {
   std::uint64_t send_over_budget = 0, wrong_direction = 0, disconnects = 0, receive_pauses = 0, peers_evicted = 0,
-                slow_peer_frames = 0, send_queued_bytes = 0, incoming_queued_bytes = 0, peers = 0;
+                slow_peer_frames = 0, joins_dropped = 0, send_queued_bytes = 0, incoming_queued_bytes = 0, peers = 0;
 };
 }  // namespace
 
@@ -296,6 +296,7 @@ TEST_CASE("The memory-bound series follow the syncer's join limits and the trans
   z.receive_pauses = 3;
   z.peers_evicted = 4;
   z.slow_peer_frames = 6;
+  z.joins_dropped = 9;
   z.send_queued_bytes = 1000;
   z.incoming_queued_bytes = 88;
   z.peers = 2;
@@ -310,6 +311,7 @@ TEST_CASE("The memory-bound series follow the syncer's join limits and the trans
   CHECK(sample(t, "ddiloco_syncer_receive_pauses_total") == 3);
   CHECK(sample(t, "ddiloco_syncer_peers_evicted_total") == 4);
   CHECK(sample(t, "ddiloco_syncer_frames_from_slow_peers_total") == 6);
+  CHECK(sample(t, "ddiloco_syncer_joins_dropped_total") == 9);
   CHECK(sample(t, "ddiloco_syncer_send_queued_bytes") == 1000);
   CHECK(sample(t, "ddiloco_syncer_incoming_queued_bytes") == 88);
   CHECK(sample(t, "ddiloco_syncer_peers") == 2);

@@ -853,6 +853,47 @@ TEST_CASE("While the syncer takes nothing, received messages stay within their b
   CHECK(syncer.counters().decode_errors == 0);
 }
 
+TEST_CASE("A connection flooding joins gets connection_join_burst of them through per interval; another "
+          "connection's join still reaches the syncer",
+          "[zmq][bounds]") {
+  VirtualClock clock;  // frozen: every join falls in one interval, whatever the machine's speed
+  ZmqSyncerConfig config = plain_syncer();
+  config.connection_join_burst = 8;
+  ZmqSyncerTransport syncer(config, clock);
+  RawPeer flooder(syncer.endpoint());
+  for (LearnerId id = 100; id < 200; ++id) {  // fresh ids, as a plaintext join flood
+    const auto frame = encode_frame(join_message(id), Codec::fp32);
+    REQUIRE(flooder.send(frame));
+  }
+  Message observe = join_message(300);
+  observe.type = MessageType::observe;  // observes share the burst
+  REQUIRE(flooder.send(encode_frame(observe, Codec::fp32)));
+  REQUIRE(eventually([&] { return syncer.counters().frames_in >= 101; }));
+  // Every flooded frame has been handled (taken or dropped): the counts are final.
+  CHECK(syncer.counters().joins_dropped == 93);
+  CHECK(syncer.counters().peers == 8);  // dropped joins leave no reply route
+  ZmqLearnerTransport honest(plain_learner(syncer.endpoint(), 5), steady);
+  REQUIRE(honest.send(join_message(5)));
+  // (receive_until(clock.now()) takes what is queued without waiting: the clock is frozen.)
+  std::vector<LearnerId> got;
+  const auto take = [&] {
+    while (auto m = syncer.receive_until(clock.now())) got.push_back(m->learner);
+  };
+  REQUIRE(eventually([&] {
+    take();
+    return std::find(got.begin(), got.end(), LearnerId{5}) != got.end();
+  }));
+  CHECK(got.size() == 9);  // the flooder's 8 and the honest join
+  // The next interval takes another burst from the same connection.
+  clock.advance(config.connection_join_interval);
+  REQUIRE(flooder.send(encode_frame(join_message(400), Codec::fp32)));
+  REQUIRE(eventually([&] {
+    take();
+    return got.back() == 400;
+  }));
+  CHECK(syncer.counters().joins_dropped == 93);
+}
+
 TEST_CASE("A learner cuts a syncer frame over its largest legal frame and refuses types a learner never receives",
           "[zmq][bounds]") {
   const Plan plan = make_plan({{"w", 10, false}}, 1);

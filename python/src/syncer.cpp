@@ -288,6 +288,7 @@ class SyncerCore {
     d["decode_errors"] = z.decode_errors;
     d["auth_denied"] = z.auth_denied;
     d["impersonations"] = z.impersonations;
+    d["joins_dropped"] = z.joins_dropped;
     d["frames_in"] = z.frames_in;
     d["frames_out"] = z.frames_out;
     d["line"] = s.line();

@@ -393,6 +393,8 @@ class SyncerMetrics {
       evicted = total("peers_evicted_total", "Reply routes forgotten to stay within --max-peers.");
       slow = total("frames_from_slow_peers_total",
                    "Frames dropped on arrival from a connection that has not read for --slow-peer-timeout-ms.");
+      joins_dropped = total("joins_dropped_total",
+                            "Joins and observes dropped on arrival: their connection's --connection-join-burst was spent.");
       send_queued = &gauge("send_queued_bytes", "Bytes of frames queued for learners, not yet written to their sockets.");
       incoming_queued = &gauge("incoming_queued_bytes", "Bytes of received messages waiting for the syncer.");
       peers = &gauge("peers", "Reply routes kept (learner ids heard from).");
@@ -405,11 +407,12 @@ class SyncerMetrics {
       pauses.set(c.receive_pauses);
       evicted.set(c.peers_evicted);
       slow.set(c.slow_peer_frames);
+      joins_dropped.set(c.joins_dropped);
       send_queued->Set(static_cast<double>(c.send_queued_bytes));
       incoming_queued->Set(static_cast<double>(c.incoming_queued_bytes));
       peers->Set(static_cast<double>(c.peers));
     }
-    detail::TotalCounter over_budget, wrong_direction, disconnects, pauses, evicted, slow;
+    detail::TotalCounter over_budget, wrong_direction, disconnects, pauses, evicted, slow, joins_dropped;
     prometheus::Gauge* send_queued = nullptr;
     prometheus::Gauge* incoming_queued = nullptr;
     prometheus::Gauge* peers = nullptr;

@@ -216,6 +216,7 @@ struct ZmqCounters {
   std::uint64_t receive_pauses = 0;    ///< syncer: times the I/O thread stopped reading because incoming messages reached their bound
   std::uint64_t peers_evicted = 0;     ///< syncer: reply routes forgotten to stay within max_peers (least recently heard first)
   std::uint64_t slow_peer_frames = 0;  ///< syncer: frames dropped on arrival from a connection that has not read for slow_peer_timeout
+  std::uint64_t joins_dropped = 0;     ///< syncer: joins and observes dropped on arrival, their connection's join burst spent
   std::uint64_t send_queued_bytes = 0;   ///< syncer, now: bytes of frames queued for peers (charged against the send budgets)
   std::uint64_t incoming_queued_bytes = 0;  ///< syncer, now: bytes of received messages not yet taken
   std::uint64_t incoming_queued = 0;        ///< syncer, now: received messages not yet taken
@@ -238,6 +239,7 @@ inline ZmqCounters& operator+=(ZmqCounters& a, const ZmqCounters& b) noexcept {
                       {&a.send_over_budget, b.send_over_budget}, {&a.wrong_direction, b.wrong_direction},
                       {&a.disconnects, b.disconnects}, {&a.receive_pauses, b.receive_pauses},
                       {&a.peers_evicted, b.peers_evicted}, {&a.slow_peer_frames, b.slow_peer_frames},
+                      {&a.joins_dropped, b.joins_dropped},
                       {&a.send_queued_bytes, b.send_queued_bytes}, {&a.incoming_queued_bytes, b.incoming_queued_bytes},
                       {&a.incoming_queued, b.incoming_queued}, {&a.peers, b.peers},
                       {&a.state_frames_streamed, b.state_frames_streamed}, {&a.state_duplicates, b.state_duplicates},
@@ -539,6 +541,14 @@ struct ZmqSyncerConfig {
   /// recently heard are forgotten (peers_evicted) and heard again with their
   /// next message. Bounds what a plaintext peer inventing ids can make us keep.
   std::size_t max_peers = 4096;
+  /// Joins and observes taken from one connection per
+  /// `connection_join_interval`: beyond `connection_join_burst` they are
+  /// dropped on arrival (joins_dropped), before the syncer's join rate limits
+  /// see them, so one connection flooding joins (fresh ids in plaintext, or a
+  /// listed key re-joining) cannot spend the join budget that every other
+  /// joiner draws on. An honest learner asks once per join_retry (1 s).
+  std::size_t connection_join_burst = 8;
+  Duration connection_join_interval = std::chrono::seconds(1);
   /// A connection whose send queue was full and has taken no frame for this
   /// long (it does not read) is not heard from until its queue has drained: its
   /// frames are dropped on arrival (slow_peer_frames), so the syncer declares
@@ -818,6 +828,8 @@ class ZmqSyncerTransport {
   struct Connection {
     std::atomic<std::size_t> queued{0};
     std::optional<TimePoint> over_since;
+    std::optional<TimePoint> join_window;  ///< start of its connection_join_interval (under mutex_)
+    std::size_t joins = 0;                 ///< joins and observes taken in it
   };
   /// Where a learner's replies go.
   struct Route {
@@ -984,6 +996,10 @@ class ZmqSyncerTransport {
     if (c.slow_peer_timeout <= Duration{0})
       throw InvalidArgument(detail::msg("ZmqSyncerConfig::slow_peer_timeout = ", c.slow_peer_timeout.count(),
                                         " ns must be > 0 (default 10 s)"));
+    if (c.connection_join_burst == 0 || c.connection_join_interval <= Duration{0})
+      throw InvalidArgument(detail::msg("ZmqSyncerConfig: connection_join_burst = ", c.connection_join_burst,
+                                        " must be > 0 and connection_join_interval = ", c.connection_join_interval.count(),
+                                        " ns > 0 (defaults 8 and 1 s): a learner's join would never be taken"));
     if (c.max_join_streams == 0 || c.join_stream_linger < Duration{0})
       throw InvalidArgument(detail::msg("ZmqSyncerConfig: max_join_streams = ", c.max_join_streams,
                                         " must be > 0 and join_stream_linger = ", c.join_stream_linger.count(),
@@ -1168,6 +1184,9 @@ class ZmqSyncerTransport {
           ++counters_.impersonations;  // a listed key speaking for another learner id
           if (r.value().type == MessageType::join || r.value().type == MessageType::observe)
             refuse_identity(rid, r.value(), user);
+        } else if ((r.value().type == MessageType::join || r.value().type == MessageType::observe) &&
+                   !join_allowed_locked(rid)) {
+          ++counters_.joins_dropped;  // before a route: a flood of fresh ids evicts nobody
         } else {
           // The connection this learner spoke from last is where its replies go
           // (a restarted learner comes back on a new connection).
@@ -1229,6 +1248,21 @@ class ZmqSyncerTransport {
   /// peer_send_budget, not one per id. Entries nobody holds any more (no
   /// route, no queued frame) are dropped once there are more than max_peers.
   /// Called with mutex_ held.
+  /// True, and counted against it, if connection `rid` may send one more join
+  /// or observe in its current connection_join_interval. Called with mutex_ held.
+  bool join_allowed_locked(zmq_msg_t& rid) {
+    const std::shared_ptr<Connection> conn =
+        connection_locked(std::string(static_cast<const char*>(zmq_msg_data(&rid)), zmq_msg_size(&rid)));
+    const TimePoint now = clock_->now();
+    if (!conn->join_window || now - *conn->join_window >= config_.connection_join_interval) {
+      conn->join_window = now;
+      conn->joins = 0;
+    }
+    if (conn->joins >= config_.connection_join_burst) return false;
+    ++conn->joins;
+    return true;
+  }
+
   std::shared_ptr<Connection> connection_locked(const std::string& rid) {
     auto& conn = connections_[rid];
     if (!conn) conn = std::make_shared<Connection>();
