@@ -56,7 +56,7 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
     out << "shard_index=" << s.shard_index << "\nshard_count=" << s.shard_count << "\nshard_map=" << s.shard_map << "\n";
     out << "round=" << to_string(round) << "\nglobal_step=" << s.global_step << "\npull_rounds=" << s.pull_rounds
         << "\npulls_sent=" << s.pulls_sent << "\npull_timeouts=" << s.pull_timeouts
-        << "\npull_rounds_empty=" << s.pull_rounds_empty << "\n";
+        << "\npull_rounds_empty=" << s.pull_rounds_empty << "\nsteps_beyond_lead=" << s.steps_beyond_lead << "\n";
     for (std::size_t i = 0; i < kRejectReasons; ++i)
       out << "rejected_" << to_string(static_cast<RejectReason>(i)) << "=" << s.rejected[i] << "\n";
     out << "decode_errors=" << z.decode_errors << "\nauth_denied=" << z.auth_denied
@@ -116,7 +116,8 @@ std::string round_line(RoundMode round, const SyncerStatus& s) {
   if (round != RoundMode::pull) return " round push";
   return " round pull global-step " + std::to_string(s.global_step) + " pull-rounds " + std::to_string(s.pull_rounds) +
          " pulls-sent " + std::to_string(s.pulls_sent) + " pull-timeouts " + std::to_string(s.pull_timeouts) +
-         " pull-rounds-empty " + std::to_string(s.pull_rounds_empty);
+         " pull-rounds-empty " + std::to_string(s.pull_rounds_empty) +
+         (s.steps_beyond_lead != 0 ? " steps-beyond-lead " + std::to_string(s.steps_beyond_lead) : std::string());
 }
 
 /// "i/S" (--shard) -> (i, S); i counted from 0.
@@ -161,6 +162,7 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, std::vector<C
   // the robust norm reference, clipping and the weight cap.
   sc.max_tokens_per_step = f.count("max-tokens-per-step");
   sc.max_steps_per_contribution = f.count("max-steps-per-contribution");
+  sc.max_lead = f.count("max-lead");
   sc.norm_outlier_factor = f.num("norm-outlier-factor");
   sc.norm_warmup = f.count("norm-warmup");
   sc.clip_factor = f.num("clip-factor");
@@ -354,6 +356,9 @@ int main(int argc, char** argv) try {
   f.add("max-steps-per-contribution", "0",
         "a contribution claiming more inner steps is rejected (steps_beyond_schedule); 0: H x (max-staleness + 1). "
         "Every contribution's steps are also bounded by the advance of its learner's step counter");
+  f.add("max-lead", "0",
+        "pull rounds: a learner's step counter moves the global step at most this many steps ahead of the "
+        "next learner still training (a counter that jumps opens each round at most once early); 0: 64 x H");
   f.add("norm-outlier-factor", "50",
         "reject a contribution whose norm exceeds this x the fragment's robust reference (the median over recent "
         "learners of each one's largest recent accepted norm)");

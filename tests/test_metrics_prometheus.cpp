@@ -386,6 +386,34 @@ TEST_CASE("Pull rounds: the syncer exports its round mode, global step and pull 
   CHECK(lst.pulls >= 3);
 }
 
+TEST_CASE("Pull rounds: unsolicited contributions and step counters capped at the lead are exported",
+          "[metrics][pull]") {
+  VirtualClock clock;
+  const Plan plan = two_fragments();
+  SyncerConfig c;
+  c.round = RoundMode::pull;
+  c.sync_every = 4;
+  c.max_lead = 8;
+  Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, c);
+  prometheus::Registry registry;
+  SyncerMetrics metrics(registry, SyncerMetricsOptions{.round = RoundMode::pull});
+  Outbox out;
+  s.handle(join(plan, 1), out);
+  s.handle(join(plan, 2), out);
+  clock.advance(1ms);
+  s.handle(test::metadata_message(plan, 1, 1), out);
+  s.handle(test::metadata_message(plan, 2, 1), out);
+  // No slot has come yet (fragment 0's are at t = 0 mod 4, fragment 1's at 2 mod 4): nobody was pulled.
+  // It still carries learner 2's step counter (10): 9 ahead of learner 1, beyond the lead of 8.
+  s.handle(contribution(plan, 2, 1, (std::uint64_t{1} << 32) + 1), out);
+  s.handle(test::metadata_message(plan, 2, 1000), out);  // 999 steps ahead of learner 1: counted at 1 + 8
+  metrics.update(s.status());
+  const std::string t = text(registry);
+  CHECK(s.status().global_step == 9);
+  CHECK(sample(t, "ddiloco_syncer_steps_beyond_lead_total") == 2);
+  CHECK(sample(t, "ddiloco_syncer_contributions_rejected_total{reason=\"unsolicited\"}") == 1);
+}
+
 TEST_CASE("Push rounds export the pull series at 0 and the round mode push", "[metrics][pull]") {
   VirtualClock clock;
   const Plan plan = two_fragments();

@@ -1475,16 +1475,170 @@ TEST_CASE("Pull rounds: an answer's steps are bounded by the learner's steps sin
   s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 1, /*version=*/0, /*steps=*/1, 10), r.out);
   REQUIRE(s.status().fragments[p].merges == 1);
   // Its next answer on version 1 comes 10 steps later (the learner kept training while p's next
-  // rounds waited): 10 steps since version 1 was sent is honest, 11 is not.
+  // round waited for it): 10 steps since version 1 was sent is honest, 11 is not.
   metadata_to(11);
   r.steps_so_far[1] = 0;
   s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 2, /*version=*/1, /*steps=*/11, 110), r.out);
   CHECK(s.status().rejected[static_cast<std::size_t>(RejectReason::steps_beyond_schedule)] == 1);
+  // That answered the pull (refused answers count: one contribution per pull); p's next slot
+  // pulls again, and at step 13 the 12 steps since version 1 went out are honest.
+  const std::size_t pulls_before = pulls.size();
+  metadata_to(13);
+  REQUIRE(std::any_of(pulls.begin() + static_cast<std::ptrdiff_t>(pulls_before), pulls.end(),
+                      [&](const Message& m) { return m.fragment == p; }));
   r.steps_so_far[1] = 1;
-  s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 3, /*version=*/1, /*steps=*/10, 100), r.out);
+  s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 3, /*version=*/1, /*steps=*/12, 120), r.out);
   const auto st = s.status();
   CHECK(st.rejected[static_cast<std::size_t>(RejectReason::steps_beyond_schedule)] == 1);
+  CHECK(st.rejected[static_cast<std::size_t>(RejectReason::unsolicited)] == 0);
   CHECK(st.contributions_accepted == 2);
+}
+
+TEST_CASE("Pull rounds: a contribution that answers no pull is refused as unsolicited, and a pull takes one "
+          "answer, so a flood cannot stack contributions in a round",
+          "[syncer][pull]") {
+  // The same round twice: learners 1 and 2 pulled for fragment p, each answering once; in the
+  // second run learner 2 also sends a fragment it was not pulled for, and learner 1 a second
+  // answer and a replay of its first.
+  const auto run = [](bool flood) {
+    Rig r;
+    pull_rounds(r.config, 2);
+    r.config.pull_timeout = 10s;
+    Syncer<> s(r.plan, r.init, r.clock, r.config);
+    r.join(s, 1);
+    r.join(s, 2);
+    // Metadata of both at steps 1 and 2: the first slot (t = 1) pulls learner 1 alone (learner 2
+    // has not reported yet), the second (t = 2) both.
+    std::map<std::size_t, std::vector<LearnerId>> pulled;
+    for (std::uint64_t step = 1; step <= 2; ++step)
+      for (LearnerId id : {LearnerId{1}, LearnerId{2}}) {
+        r.out.clear();
+        r.clock.advance(1ms);
+        s.handle(test::metadata_message(r.plan, id, step), r.out);
+        for (const auto& o : r.out)
+          if (o.message.type == MessageType::pull) pulled[o.message.fragment].push_back(o.message.learner);
+      }
+    REQUIRE(pulled.size() == 2);
+    const std::size_t p = pulled.begin()->second.size() == 2 ? pulled.begin()->first : pulled.rbegin()->first;
+    const std::size_t q = 1 - p;
+    REQUIRE(pulled[p].size() == 2);
+    REQUIRE(pulled[q] == std::vector<LearnerId>{1});
+    const auto rejected = [&](RejectReason why) { return s.status().rejected[static_cast<std::size_t>(why)]; };
+    if (flood) {  // learner 2 was not pulled for fragment q: refused, touching nothing
+      r.steps_so_far[2] = 0;
+      s.handle(r.contribution(2, q, 0.5f, Rig::seq0() + 10, 0, 1, 10), r.out);
+      CHECK(rejected(RejectReason::unsolicited) == 1);
+    }
+    r.steps_so_far[1] = 0;
+    s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 11, 0, 1, 10), r.out);
+    if (flood) {
+      // A second contribution to p (a flood) is refused; a replay of the answer stays a duplicate.
+      r.steps_so_far[1] = 0;
+      s.handle(r.contribution(1, p, 9.0f, Rig::seq0() + 12, 0, 1, 10), r.out);
+      CHECK(rejected(RejectReason::unsolicited) == 2);
+      r.steps_so_far[1] = 0;
+      s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 11, 0, 1, 10), r.out);
+      CHECK(rejected(RejectReason::duplicate) == 1);
+      CHECK(rejected(RejectReason::unsolicited) == 2);
+    }
+    CHECK(s.status().fragments[p].merges == 0);  // learner 2 is still awaited
+    r.steps_so_far[2] = 0;
+    s.handle(r.contribution(2, p, 0.25f, Rig::seq0() + 20, 0, 1, 10), r.out);
+    const auto st = s.status();
+    CHECK(st.fragments[p].merges == 1);
+    CHECK(st.contributions_accepted == 2);
+    CHECK(st.pull_timeouts == 0);
+    return s.global_parameters();
+  };
+  const auto clean = run(false), flooded = run(true);
+  CHECK(clean != std::vector<float>(clean.size(), 1.0f));  // the round merged
+  CHECK(flooded == clean);                                  // and the flood left no trace, bit for bit
+}
+
+TEST_CASE("Pull rounds: a step counter that jumps moves the global step at most max_lead past the runner-up, "
+          "so rounds keep opening at the honest learners' pace",
+          "[syncer][pull]") {
+  struct Outcome {
+    std::uint64_t step_after_jump, rounds_after_jump, step_at_end, rounds_at_end, beyond_lead;
+  };
+  // Learners 1 and 2 at step 1; learner 2 claims step 2^40 and goes quiet; learner 1 trains to step 40.
+  const auto run = [](std::uint64_t max_lead) {
+    Rig r;
+    pull_rounds(r.config, 4);  // two fragments: a slot every 2 global steps
+    r.config.max_lead = max_lead;
+    r.config.pull_timeout = 1ms;
+    Syncer<> s(r.plan, r.init, r.clock, r.config);
+    r.join(s, 1);
+    r.join(s, 2);
+    const auto meta = [&](LearnerId id, std::uint64_t step) {
+      r.out.clear();
+      r.clock.advance(1ms);
+      s.handle(test::metadata_message(r.plan, id, step), r.out);
+      s.tick(r.out);
+    };
+    meta(1, 1);
+    meta(2, 1);
+    meta(2, std::uint64_t{1} << 40);
+    Outcome o{};
+    o.step_after_jump = s.status().global_step;
+    o.rounds_after_jump = s.status().pull_rounds;
+    for (std::uint64_t step = 2; step <= 40; ++step) meta(1, step);
+    const auto st = s.status();
+    o.step_at_end = st.global_step;
+    o.rounds_at_end = st.pull_rounds;
+    o.beyond_lead = st.steps_beyond_lead;
+    return o;
+  };
+  const Outcome capped = run(8);
+  CHECK(capped.step_after_jump == 1 + 8);  // learner 1's position plus the lead
+  CHECK(capped.beyond_lead == 1);
+  CHECK(capped.step_at_end == 40);
+  // Once learner 1 passes step 9 the slots come again: steps 10..40 hold 15 or 16 of them.
+  CHECK(capped.rounds_at_end - capped.rounds_after_jump >= 15);
+  // With a lead bound too large to bind, the global step stays at 2^40 and no round opens again.
+  const Outcome uncapped = run(std::uint64_t{1} << 40);
+  CHECK(uncapped.step_after_jump == std::uint64_t{1} << 40);
+  CHECK(uncapped.rounds_at_end == uncapped.rounds_after_jump);
+}
+
+TEST_CASE("Pull rounds: a learner that stops training (still alive) holds the global step back only for the "
+          "time it takes for max_lead of its own steps",
+          "[syncer][pull]") {
+  Rig r;
+  pull_rounds(r.config, 4);
+  r.config.max_lead = 8;
+  r.config.heartbeat_timeout = 60s;  // learner 1 stays alive throughout
+  Syncer<> s(r.plan, r.init, r.clock, r.config);
+  r.join(s, 1);
+  r.join(s, 2);
+  const auto meta = [&](LearnerId id, std::uint64_t step) {
+    r.out.clear();
+    s.handle(test::metadata_message(r.plan, id, step), r.out);
+    s.tick(r.out);
+  };
+  // Both train 20 steps, one step each per 2 ms.
+  for (std::uint64_t step = 1; step <= 20; ++step) {
+    r.clock.advance(1ms);
+    meta(1, step);
+    r.clock.advance(1ms);
+    meta(2, step);
+  }
+  REQUIRE(s.status().global_step == 20);
+  // Learner 1 stops (it sends heartbeats at the same step); learner 2 trains on at its pace.
+  std::vector<std::uint64_t> global_at;  // global step after each of learner 2's steps
+  for (std::uint64_t step = 21; step <= 60; ++step) {
+    r.clock.advance(1ms);
+    meta(1, 20);
+    r.clock.advance(1ms);
+    meta(2, step);
+    global_at.push_back(s.status().global_step);
+  }
+  // At first learner 2 is counted at learner 1's 20 plus the lead of 8; once learner 1 has been
+  // still for 8 of its 2 ms steps (16 ms: learner 2's step 28), learner 2 counts in full.
+  CHECK(global_at[0] == 21);
+  CHECK(global_at[7] == 28);
+  CHECK(global_at.back() == 60);
+  CHECK(s.status().steps_beyond_lead <= 2);
 }
 
 TEST_CASE("Pull rounds: the derived pull time-out learns the time a pull takes to be answered, so a link slower "

@@ -110,6 +110,10 @@ enum class RejectReason : std::uint8_t {
   /// a fragment another syncer shard owns (SyncerConfig::shard_count > 1): the
   /// learner routes by a different shard map, or sent to the wrong endpoint
   wrong_shard,
+  /// pull rounds: a contribution that answers no pull of this learner's for
+  /// the fragment (it was not pulled, or has answered already); honest
+  /// learners send fragments only to answer pulls, once each
+  unsolicited,
   count_
 };
 inline constexpr std::size_t kRejectReasons = static_cast<std::size_t>(RejectReason::count_);
@@ -118,7 +122,8 @@ constexpr std::string_view to_string(RejectReason r) noexcept {
   constexpr std::array<std::string_view, kRejectReasons> names{
       "foreign_plan", "unknown_learner", "bad_fragment", "wrong_size",     "non_finite",     "norm_outlier",
       "bad_counters", "duplicate",       "stale",        "future_version", "unexpected_type",
-      "bad_encoding", "steps_beyond_schedule", "tokens_beyond_declared", "bad_checksum", "wrong_shard"};
+      "bad_encoding", "steps_beyond_schedule", "tokens_beyond_declared", "bad_checksum", "wrong_shard",
+      "unsolicited"};
   const auto i = static_cast<std::size_t>(r);
   return i < names.size() ? names[i] : "unknown";
 }
@@ -220,6 +225,23 @@ struct SyncerConfig {
   /// carries refused progress into its next send); without H, only the step
   /// counter's advance bounds steps.
   std::uint64_t max_steps_per_contribution = 0;
+  /// Pull rounds: how far one learner's position may lead every other alive
+  /// learner's and still move the global step t (docs/algorithm.md, "Round
+  /// timeline"): t is the furthest position with each capped at the
+  /// runner-up's plus this many steps. So a step counter that jumps (2^62, a
+  /// liar or a bug) opens each fragment's round at most once early and then
+  /// leaves t at most this far ahead of the honest learners, instead of
+  /// moving t past where any of them will ever reach (rounds would stop
+  /// opening). An honest learner leads by more only when it is alone far
+  /// ahead of all the others; rounds then follow the runner-up's pace plus
+  /// this lead (its answers still carry all its steps). Learners that have
+  /// stopped training (no step within `max_lead` of their own step times) do
+  /// not count as runner-up, and alone nothing caps it. 0 derives it:
+  /// kLeadRounds rounds, kLeadRounds x H (honest learners on a shared
+  /// 2-core machine drift apart by 20% of their steps, about 400 steps in
+  /// 2000; 64 rounds of H = 24 is 1536).
+  std::uint64_t max_lead = 0;
+  static constexpr std::uint64_t kLeadRounds = 64;
   /// Scale each merged outer gradient by k / alive, the share of the live
   /// learners it holds (a project decision; the paper is silent). Learners
   /// send only their own progress (docs/algorithm.md, "Participation
@@ -394,9 +416,18 @@ inline void validate(const SyncerConfig& c) {
   if (c.pull_timeout < Duration{0})
     throw InvalidArgument(detail::msg("SyncerConfig::pull_timeout = ", c.pull_timeout.count(),
                                       " ns must be >= 0 (0: derived from the step time)"));
+  if (c.max_lead > (std::uint64_t{1} << 40))
+    throw InvalidArgument(detail::msg("SyncerConfig::max_lead = ", c.max_lead,
+                                      " steps is above 2^40; use a few times H, or 0 to derive it (64 x H)"));
   if (c.max_steps_per_contribution > (std::uint64_t{1} << 40))
     throw InvalidArgument(detail::msg("SyncerConfig::max_steps_per_contribution = ", c.max_steps_per_contribution,
                                       " is above 2^40; use a few times H, or 0 to derive it from sync_every"));
+}
+
+/// SyncerConfig::max_lead, derived when 0 (pull rounds: sync_every is set).
+inline std::uint64_t lead_bound(const SyncerConfig& c) noexcept {
+  if (c.max_lead != 0) return c.max_lead;
+  return std::min<std::uint64_t>(c.sync_every, std::uint64_t{1} << 40) * SyncerConfig::kLeadRounds;
 }
 
 /// The ceiling on a contribution's steps under `c` (0: none), see
@@ -530,6 +561,11 @@ struct SyncerStatus {
   std::uint64_t pulls_sent = 0;
   std::uint64_t pull_timeouts = 0;
   std::uint64_t pull_rounds_empty = 0;
+  /// Pull rounds: messages whose step counter put their learner more than
+  /// SyncerConfig::max_lead ahead of every other alive learner (the global
+  /// step counted it at the runner-up plus the lead). Honest runs show a few
+  /// when one learner races ahead alone; a steady climb is a counter that lies.
+  std::uint64_t steps_beyond_lead = 0;
   /// Pull rounds: contributions from an older base anchored at the current global (SyncerConfig::anchor_versions).
   std::uint64_t contributions_anchored = 0;
   /// Per merge: seconds from its round's first accepted contribution to the
@@ -1205,6 +1241,7 @@ class Syncer {
       f.graced = false;
       f.pulled.clear();
       f.answered.clear();
+      f.owed.clear();  // pulls of before the restore: their answers are unsolicited (the learner is pulled again)
       f.version_steps.assign(1, {f.version, 0});
       f.previous.clear();  // the global step restarts at 0 (not saved)
       f.contributors.clear();
@@ -1355,6 +1392,7 @@ class Syncer {
     std::optional<std::uint64_t> join_step;    ///< its step counter at join (unset: restored, not heard yet)
     std::uint64_t join_global = 0;             ///< the global step at its join: its steps count from there
     std::optional<std::pair<TimePoint, std::uint64_t>> step_seen;  ///< (when, step) its step counter last rose
+    double step_interval_s = 0.0;  ///< its own seconds per inner step (moving average; 0: not measured yet)
     bool reported = false;                     ///< has trained a step since it joined (counted by the quorum)
     /// Per fragment: its step counter when the syncer last sent it that
     /// fragment (join or merge); it has progress on p once `step` is above.
@@ -1426,6 +1464,16 @@ class Syncer {
     detail::Ema answer_seconds{0.25};
     std::map<LearnerId, bool> overdue;
     TimePoint overdue_since{0};
+    /// The answers owed for p: per learner pulled, how many of its pulls
+    /// (from any round, so a late answer is still expected) have had no
+    /// answer yet, at most kOwedAnswers: as many as the versions whose sends
+    /// the syncer keeps to bound claims (LearnerInfo::kSentVersions), so a
+    /// learner whose answers lag that many rounds is still heard, and one
+    /// that ignores pulls cannot bank more. A contribution with none owed is
+    /// `unsolicited`, so a learner adds at most one contribution per pull.
+    /// At most one entry per known learner (start_pull drops forgotten ones).
+    static constexpr std::uint8_t kOwedAnswers = 4;
+    std::map<LearnerId, std::uint8_t> owed;
     /// Pull rounds: the previous globals (version, values), oldest first, at
     /// most SyncerConfig::anchor_versions, to anchor contributions (anchor()).
     std::deque<std::pair<std::uint64_t, Payload>> previous;
@@ -1745,6 +1793,7 @@ class Syncer {
         }
       }
       // A new incarnation will not answer its predecessor's pull: not waited for.
+      if (new_incarnation) f.owed.erase(m.learner);
       if (new_incarnation && f.phase == FragmentState::Phase::pulling && !f.answered.contains(m.learner) &&
           f.pulled.erase(m.learner) != 0)
         rounds_to_decide.push_back(p);
@@ -1853,16 +1902,54 @@ class Syncer {
     // The inner-step time, from any two messages of one learner (pull rounds:
     // metadata every step), for the pull time-out.
     const TimePoint now = l.last_seen;
-    if (l.step_seen && now > l.step_seen->first && step > l.step_seen->second)
-      step_seconds_.add(std::chrono::duration<double>(now - l.step_seen->first).count() /
-                        static_cast<double>(step - l.step_seen->second));
+    if (l.step_seen && now > l.step_seen->first && step > l.step_seen->second) {
+      const double per_step = std::chrono::duration<double>(now - l.step_seen->first).count() /
+                              static_cast<double>(step - l.step_seen->second);
+      step_seconds_.add(per_step);
+      l.step_interval_s = l.step_interval_s == 0.0 ? per_step : 0.9 * l.step_interval_s + 0.1 * per_step;
+    }
     l.step_seen = std::make_pair(now, step);
     l.step = step;
     if (step <= *l.join_step) return;
     l.reported = true;
-    const std::uint64_t advance = step - *l.join_step;
-    if (advance <= std::numeric_limits<std::uint64_t>::max() - l.join_global)
-      global_step_ = std::max(global_step_, l.join_global + advance);
+    const std::uint64_t pos = position(l);
+    if (pos <= global_step_) return;
+    if (!pull_schedule_) {  // push rounds keep t for staleness and status; their schedule is the learners'
+      global_step_ = pos;
+      return;
+    }
+    // The leader: counted at most lead_bound() ahead of the runner-up
+    // (SyncerConfig::max_lead), among the other learners still training: alive,
+    // and whose step counter rose within the time it takes that learner for
+    // `lead` of its own steps (one paused, or stopped without leaving, holds
+    // nobody back for longer; each learner's own pace, so the leader's
+    // counter cannot shorten the others' window). Only a message that would
+    // move t pays this scan over the learners: O(M) per global step, not per message.
+    const std::uint64_t lead = lead_bound(config_);
+    std::optional<std::uint64_t> runner_up;
+    for (const auto& [id, o] : learners_) {
+      if (&o == &l || !o.alive || !o.reported) continue;
+      if (o.step_interval_s > 0.0 && o.step_seen &&
+          std::chrono::duration<double>(now - o.step_seen->first).count() >
+              o.step_interval_s * static_cast<double>(lead))
+        continue;
+      runner_up = std::max(runner_up.value_or(0), position(o));
+    }
+    std::uint64_t counted = pos;
+    if (runner_up && *runner_up < pos && pos - *runner_up > lead) {
+      counted = *runner_up + lead;
+      ++counters_.steps_beyond_lead;
+    }
+    global_step_ = std::max(global_step_, counted);
+  }
+
+  /// A learner's position on the global-step axis: the global step at its
+  /// join plus the inner steps it has trained since (saturating). Caller holds members_mutex_.
+  static std::uint64_t position(const LearnerInfo& l) noexcept {
+    if (!l.join_step || l.step <= *l.join_step) return l.join_global;
+    const std::uint64_t advance = l.step - *l.join_step;
+    return advance <= std::numeric_limits<std::uint64_t>::max() - l.join_global ? l.join_global + advance
+                                                                                  : std::numeric_limits<std::uint64_t>::max();
   }
 
   /// Notes that unknown learner `id` should be asked to join again, unless it
@@ -2063,19 +2150,31 @@ class Syncer {
   bool admit(std::size_t p, FragmentState& f, Checked& c, Outbox& out) {
     const Message& m = *c.m;
     if (c.step_time) f.wait->observe_step_time(*c.step_time);
-    // Pull rounds: a pulled learner has answered, whatever the verdict below;
-    // how long it took (a late answer, from the pull it answers) sets the time-out.
-    const bool pulled_now = f.phase == FragmentState::Phase::pulling && f.pulled.contains(m.learner);
-    if (f.overdue.erase(m.learner) != 0)
-      f.answer_seconds.add(std::chrono::duration<double>(c.now - f.overdue_since).count());
-    else if (pulled_now && !f.answered.contains(m.learner))
-      f.answer_seconds.add(std::chrono::duration<double>(c.now - f.pulled_at).count());
-    if (pulled_now) f.answered.insert(m.learner);
     auto& last = f.last_sequence[m.learner];
     if (m.sequence <= last) {
       ++f.rejected_duplicate;
       count_tally(m, RejectReason::duplicate);
       return false;
+    }
+    if (pull_schedule_) {
+      // Pull rounds: only the answer to a pull still owed (one per pull) goes
+      // on; an unasked contribution touches nothing (a flood cannot stack
+      // contributions in one round, nor contribute without being pulled).
+      const auto owed = f.owed.find(m.learner);
+      if (owed == f.owed.end()) {
+        last = m.sequence;  // refused: a replay of this one is a duplicate
+        reject(RejectReason::unsolicited, m);
+        return false;
+      }
+      if (--owed->second == 0) f.owed.erase(owed);
+      // A pulled learner has answered, whatever the verdict below; how long it
+      // took (a late answer, from the pull it answers) sets the time-out.
+      const bool pulled_now = f.phase == FragmentState::Phase::pulling && f.pulled.contains(m.learner);
+      if (f.overdue.erase(m.learner) != 0)
+        f.answer_seconds.add(std::chrono::duration<double>(c.now - f.overdue_since).count());
+      else if (pulled_now && !f.answered.contains(m.learner))
+        f.answer_seconds.add(std::chrono::duration<double>(c.now - f.pulled_at).count());
+      if (pulled_now) f.answered.insert(m.learner);
     }
     if (m.version > f.version) {
       ++f.rejected_future;
@@ -2350,8 +2449,12 @@ class Syncer {
         for (LearnerId id : f.accepted_from)
           if (auto it = learners_.find(id); it != learners_.end() && it->second.alive) receivers.push_back(id);
       } else {
+        // Pull rounds: only learners that have trained since their join (the
+        // rest have the state their join brought, and get the next merge
+        // after their first step), so ids that join and never train (a
+        // plaintext join flood: hundreds alive at once) cost no fan-out.
         for (const auto& [id, l] : learners_)
-          if (l.alive) receivers.push_back(id);
+          if (l.alive && (l.reported || !pull_schedule_)) receivers.push_back(id);
       }
       for (LearnerId id : receivers) {  // pull rounds: what each has trained since it gets p
         auto& l = learners_.at(id);
@@ -2539,6 +2642,7 @@ class Syncer {
     f.answered.clear();
     {
       std::unique_lock lock(members_mutex_);
+      std::erase_if(f.owed, [&](const auto& kv) { return !learners_.contains(kv.first); });  // forgotten ids
       for (const auto& [id, l] : learners_) {
         // (One whose late answer to the previous round is already in the accumulator is not asked again.)
         if (!eligible(l, f.round_step) || !has_progress(l, p) || f.contributors.contains(id)) continue;
@@ -2550,6 +2654,8 @@ class Syncer {
           continue;
         }
         f.pulled.insert(id);
+        auto& owed = f.owed[id];
+        owed = std::min<std::uint8_t>(static_cast<std::uint8_t>(owed + 1), FragmentState::kOwedAnswers);
       }
       counters_.pulls_sent += f.pulled.size();
     }
