@@ -14,7 +14,7 @@ ROUND=()
 [ -z "${DDILOCO_MP_ROUND:-}" ] || ROUND=(--round "$DDILOCO_MP_ROUND")
 # Push rounds merge on arrival, out of phase at K = 1, so each round of a
 # fragment applies up to M outer steps and outer momentum compounds over them
-# (docs/algorithm.md, "Push rounds"): at the suite's momentum 0.5 this test
+# (docs/algorithm.md, "Push rounds (for comparison)"): at the suite's momentum 0.5 this test
 # diverged in 4 of 8 runs on an idle 2-core machine (final val up to 4.67,
 # val-global up to 7.9), at 0 it passed 6 of 6 (2.45 .. 2.70). Push rounds
 # train with plain outer SGD here; pull rounds keep the suite's 0.5.
