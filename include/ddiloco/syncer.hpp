@@ -1394,6 +1394,12 @@ class Syncer {
     std::optional<std::pair<TimePoint, std::uint64_t>> step_seen;  ///< (when, step) its step counter last rose
     double step_interval_s = 0.0;  ///< its own seconds per inner step (moving average; 0: not measured yet)
     bool reported = false;                     ///< has trained a step since it joined (counted by the quorum)
+    /// Pull rounds: its latest contribution was refused for what it holds
+    /// (payload, claims or norm; not stale, duplicate or unsolicited). Rounds
+    /// still pull it and take a valid answer, which clears this, but do not
+    /// wait for its answers: a peer whose answers are all refused cannot
+    /// hold every round to its pull time-out.
+    bool answers_refused = false;
     /// Per fragment: its step counter when the syncer last sent it that
     /// fragment (join or merge); it has progress on p once `step` is above.
     std::vector<std::uint64_t> receipt_step;
@@ -1952,6 +1958,19 @@ class Syncer {
                                                                                   : std::numeric_limits<std::uint64_t>::max();
   }
 
+  /// Pull rounds: records whether learner `id`'s latest contribution was
+  /// accepted (LearnerInfo::answers_refused). Takes the membership lock.
+  void note_answer(LearnerId id, bool accepted) {
+    if (!pull_schedule_) return;
+    std::unique_lock lock(members_mutex_);
+    if (auto it = learners_.find(id); it != learners_.end()) it->second.answers_refused = !accepted;
+  }
+  bool answers_refused(LearnerId id) const {
+    std::unique_lock lock(members_mutex_);
+    const auto it = learners_.find(id);
+    return it != learners_.end() && it->second.answers_refused;
+  }
+
   /// Notes that unknown learner `id` should be asked to join again, unless it
   /// was asked less than rejoin_interval ago or the interval's burst for all
   /// ids is spent (then only counted). Caller holds members_mutex_.
@@ -2096,6 +2115,7 @@ class Syncer {
   std::optional<Checked> precheck(const Message& m, TimePoint now) {
     const auto refuse = [this, &m](RejectReason why) -> std::optional<Checked> {
       reject(why, m);
+      if (why != RejectReason::bad_fragment && why != RejectReason::wrong_shard) note_answer(m.learner, false);
       return std::nullopt;
     };
     if (m.fragment >= fragments_.size()) return refuse(RejectReason::bad_fragment);
@@ -2169,11 +2189,15 @@ class Syncer {
       if (--owed->second == 0) f.owed.erase(owed);
       // A pulled learner has answered, whatever the verdict below; how long it
       // took (a late answer, from the pull it answers) sets the time-out.
+      // (Not from a learner whose answers are refused: its pace is not the
+      // honest learners' time-out.)
       const bool pulled_now = f.phase == FragmentState::Phase::pulling && f.pulled.contains(m.learner);
-      if (f.overdue.erase(m.learner) != 0)
-        f.answer_seconds.add(std::chrono::duration<double>(c.now - f.overdue_since).count());
-      else if (pulled_now && !f.answered.contains(m.learner))
+      const bool timed = !answers_refused(m.learner);
+      if (f.overdue.erase(m.learner) != 0) {
+        if (timed) f.answer_seconds.add(std::chrono::duration<double>(c.now - f.overdue_since).count());
+      } else if (pulled_now && !f.answered.contains(m.learner) && timed) {
         f.answer_seconds.add(std::chrono::duration<double>(c.now - f.pulled_at).count());
+      }
       if (pulled_now) f.answered.insert(m.learner);
     }
     if (m.version > f.version) {
@@ -2196,10 +2220,12 @@ class Syncer {
     }
     if (const auto why = check_claims(p, m)) {
       reject(*why);
+      note_answer(m.learner, false);
       return false;
     }
     if (m.version < f.version && !anchor(p, f, c)) {
       reject(RejectReason::non_finite, m);
+      note_answer(m.learner, false);
       return false;
     }
     // The true norm against the median of recent learners' accepted norms
@@ -2216,6 +2242,7 @@ class Syncer {
     if (norm_ref && c.norm > config_.norm_outlier_factor * outlier_ref) {
       ++f.rejected_norm;
       count_tally(m, RejectReason::norm_outlier);
+      note_answer(m.learner, false);
       return false;
     }
     last = m.sequence;
@@ -2240,6 +2267,7 @@ class Syncer {
     ++f.accepted;
     f.accepted_from.insert(m.learner);
     count_tally(m, std::nullopt);
+    note_answer(m.learner, true);
     if (c.weight > 0.0) {
       if (pull_schedule_) {
         f.contributors.insert(m.learner);  // the round itself is the schedule's (open_due_rounds)
@@ -2600,7 +2628,7 @@ class Syncer {
       for (LearnerId id : f.pulled) {
         if (f.answered.contains(id)) continue;
         auto it = learners_.find(id);
-        if (it != learners_.end() && it->second.alive) waiting_for_answers = true;
+        if (it != learners_.end() && it->second.alive && !it->second.answers_refused) waiting_for_answers = true;
       }
     }
     const TimePoint timeout = detail::saturating_add(f.pulled_at, pull_timeout(f));
