@@ -29,7 +29,8 @@ attack_phase() {
   RSS_BOUND=$(rss_bound 3)  # two honest learners and the attacker
   start_phase "$name" "${SYNCER_FLAGS[@]}"
   mark_window_start "$name" || return 0
-  start_attacker "$name" --id 100 --report-every 10 "$@"
+  # shellcheck disable=SC2046
+  start_attacker "$name" --id 100 --report-every 10 $(attacker_round_flags) "$@"
   wait_until 60 "the attacker of $name to send 20 contributions" \
     log_has "$name-attacker" "sent 20 contributions"
   end_phase "$name" || return 0

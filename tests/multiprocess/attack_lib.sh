@@ -65,13 +65,13 @@ learner_flags() { echo --plaintext; }
 
 # start_phase NAME [SYNCER FLAGS...]: a syncer and honest learners 0 and 1,
 # which train MEASURE_AT inner steps each and pause (SIGSTOP themselves). The
-# suite runs push rounds (ATTACK_ROUND, default push): its figures and bounds
-# were measured there, and the attacker sends push rounds' unsolicited
-# contributions. In pull rounds (ATTACK_ROUND=pull) the attacker's
-# contributions are refused first as steps_beyond_schedule, and the
-# poison_curve phase has refused honest ones (5 of learner 1's, under no
-# per-learner reason, in 1 run): not yet measured.
-ATTACK_ROUND=${ATTACK_ROUND:-push}
+# suite runs the programs' default, pull rounds (ATTACK_ROUND=push runs the
+# push rounds kept for comparison). In pull rounds a contribution attacker also
+# acts as a pull-round learner (attacker_round_flags: --pull): it sends
+# metadata with its step counter and answers every pull it gets with poison,
+# besides its unasked contributions (refused there as unsolicited).
+ATTACK_ROUND=${ATTACK_ROUND:-pull}
+attacker_round_flags() { [ "$ATTACK_ROUND" != pull ] || echo --pull; }
 declare -a PHASE_LEARNERS
 start_phase() {
   local name=$1 i
@@ -257,6 +257,7 @@ clean_phase() {
   note "$name: $RATE merges per honest step, peak RSS $HWM MiB, global val $VAL at $((2 * MEASURE_AT)) honest steps," \
     "honest accepted $HONEST_ACCEPTED (stale $HONEST_STALE) (model $MODEL_MIB MiB)"
   echo "$name merge_rate=$RATE rss_mib=$HWM val=$VAL stale=$HONEST_STALE accepted=$HONEST_ACCEPTED" \
+    "steps_beyond_lead=$(status steps_beyond_lead "$name")" \
     >>"${ATTACK_FIGURES:-/dev/null}"
 }
 
@@ -270,6 +271,7 @@ check_phase() {
   note "$name: merge rate $RATE, peak RSS $HWM MiB (bound $bound), val $VAL," \
     "honest accepted $HONEST_ACCEPTED, rejected $HONEST_REJECTED (stale $HONEST_STALE) ${HONEST_REASONS}"
   echo "$name rss_mib=$HWM bound_mib=$bound honest_rejected=$HONEST_REJECTED stale=$HONEST_STALE accepted=$HONEST_ACCEPTED" \
+    "steps_beyond_lead=$(status steps_beyond_lead "$name")" \
     >>"${ATTACK_FIGURES:-/dev/null}"
   PHASE_NAMES+=("$name") PHASE_RATES+=("$RATE") PHASE_VALS+=("$VAL")
   local failures=()

@@ -31,7 +31,7 @@ cleanup() {
       tail -n 15 "$log"
     done
   fi
-  rm -rf "$WORK"
+  [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"
   exit "$rc"
 }
 trap cleanup EXIT

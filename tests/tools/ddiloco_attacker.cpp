@@ -5,7 +5,9 @@
 // --attack picks one:
 //   poison              joins as --id and sends contributions whose payload is
 //                       --magnitude per element (about 1000x an honest outer
-//                       gradient's) with steps = tokens = 2^--counter-log2, at --rate/s.
+//                       gradient's) with steps = tokens = 2^--counter-log2, at --rate/s;
+//                       with --pull it also sends metadata each time and answers
+//                       every pull with such a contribution (a pull-round learner).
 //   contribution-flood  the same at a higher rate, every --nan-every'th payload
 //                       holding NaN in half its elements.
 //   join-flood          joins at --rate/s: with --fresh-ids a new id each time
@@ -29,6 +31,7 @@
 
 #include <zmq.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -155,7 +158,7 @@ int contributions(const cli::Flags& f, const Options& o, const Plan& plan, void*
   const float magnitude = static_cast<float>(f.num("magnitude"));
   const std::uint64_t nan_every = f.count("nan-every"), count = f.count("count"), report = f.count("report-every");
   const double rate = f.num("rate");
-  const bool advance = f.flag("advance-step");
+  const bool advance = f.flag("advance-step"), pull = f.flag("pull");
   if (advance && f.integer("counter-log2") > 40)
     throw InvalidArgument("--advance-step with --counter-log2 = " + std::to_string(f.integer("counter-log2")) +
                           " would overflow the step counter; pass --counter-log2 40 or less");
@@ -165,18 +168,11 @@ int contributions(const cli::Flags& f, const Options& o, const Plan& plan, void*
               static_cast<unsigned long long>(nan_every));
   std::fflush(stdout);
   std::mt19937_64 rng(static_cast<std::uint64_t>(f.integer("seed")));
-  std::uint64_t sent = 0, nan = 0, blocked = 0;
+  std::uint64_t sent = 0, nan = 0, blocked = 0, ticks = 0, answers = 0;
+  std::uint64_t step = 0;  // the step counter it sends (--advance-step, --pull)
   double norm_sum = 0;
-  const auto start = Clock_::now();
-  while (keep_going(sent, count)) {
-    pace(start, sent, rate);
-    if (g_signal.load() != 0) break;
-    while (auto m = receive(s, 0)) {  // follow the versions (stay within the staleness bound)
-      if ((m->type == MessageType::global_fragment || m->type == MessageType::full_state) &&
-          m->fragment < plan.num_fragments())
-        j.versions[m->fragment] = std::max(j.versions[m->fragment], m->version);
-    }
-    const std::size_t p = sent % plan.num_fragments();
+  // One hostile contribution of fragment p, claiming `counter` steps and tokens at step counter `step`.
+  const auto send_poison = [&](std::size_t p) {
     std::vector<float> v(plan.fragments()[p].numel);
     double sq = 0;
     for (auto& x : v) {
@@ -196,21 +192,50 @@ int contributions(const cli::Flags& f, const Options& o, const Plan& plan, void*
     c.sequence = ++j.sequence;
     c.steps = counter;
     c.tokens = counter;
-    if (advance) c.step = static_cast<std::uint64_t>(counter) * (sent + 1);
+    c.step = step;
     c.payload = make_payload(std::move(v));
     if (!send_frame(s, encode_frame(c, Codec::fp32), false)) ++blocked;
     ++sent;
     if (report > 0 && sent % report == 0) {
-      std::printf("attacker: %s sent %llu contributions (%llu with NaN, %llu not queued)\n", attack.c_str(),
-                  static_cast<unsigned long long>(sent), static_cast<unsigned long long>(nan),
-                  static_cast<unsigned long long>(blocked));
+      std::printf("attacker: %s sent %llu contributions (%llu with NaN, %llu not queued, %llu answering pulls)\n",
+                  attack.c_str(), static_cast<unsigned long long>(sent), static_cast<unsigned long long>(nan),
+                  static_cast<unsigned long long>(blocked), static_cast<unsigned long long>(answers));
       std::fflush(stdout);
     }
+  };
+  std::vector<std::size_t> pulled;  // --pull: fragments the syncer asked this attacker for, not yet answered
+  const auto start = Clock_::now();
+  while (keep_going(sent, count)) {
+    pace(start, ticks++, rate);
+    if (g_signal.load() != 0) break;
+    while (auto m = receive(s, 0)) {  // follow the versions (stay within the staleness bound)
+      if ((m->type == MessageType::global_fragment || m->type == MessageType::full_state) &&
+          m->fragment < plan.num_fragments())
+        j.versions[m->fragment] = std::max(j.versions[m->fragment], m->version);
+      if (pull && m->type == MessageType::pull && m->fragment < plan.num_fragments() &&
+          std::find(pulled.begin(), pulled.end(), m->fragment) == pulled.end())
+        pulled.push_back(m->fragment);
+    }
+    if (advance || pull) step += advance ? static_cast<std::uint64_t>(counter) : 1;
+    if (pull) {  // a pull-round learner: metadata every tick, and each pull answered with poison
+      Message meta = control(MessageType::metadata, plan, id);
+      meta.step = step;
+      meta.tokens = static_cast<std::int64_t>(step & 0x3fffffffffffffffULL);
+      if (!send_frame(s, encode_frame(meta, Codec::fp32), false)) ++blocked;
+      for (std::size_t p : pulled) {
+        ++answers;
+        send_poison(p);
+      }
+      pulled.clear();
+    }
+    send_poison(sent % plan.num_fragments());  // unasked (push rounds' way; pull rounds refuse it)
   }
   const auto finite = sent - nan;
-  std::printf("attacker: %s done: sent %llu contributions (%llu with NaN, %llu not queued), mean norm %.1f\n",
+  std::printf("attacker: %s done: sent %llu contributions (%llu with NaN, %llu not queued, %llu answering pulls), "
+              "mean norm %.1f\n",
               attack.c_str(), static_cast<unsigned long long>(sent), static_cast<unsigned long long>(nan),
-              static_cast<unsigned long long>(blocked), finite > 0 ? norm_sum / static_cast<double>(finite) : 0.0);
+              static_cast<unsigned long long>(blocked), static_cast<unsigned long long>(answers),
+              finite > 0 ? norm_sum / static_cast<double>(finite) : 0.0);
   zmq_close(s);
   return 0;
 }
@@ -341,6 +366,10 @@ int main(int argc, char** argv) try {
         "poison, contribution-flood: send a step counter that advances by steps with every contribution, so the "
         "claims stay within it (with a small --counter-log2 only the norm checks, clipping and the weight cap "
         "stand in the way)",
+        true);
+  f.add("pull", "false",
+        "poison, contribution-flood: also act as a pull-round learner: a metadata message with every contribution "
+        "(the step counter +1, or +steps with --advance-step) and every pull answered with a hostile contribution",
         true);
   f.add("fresh-ids", "false", "join-flood: a new id per join (else --id each time, a new nonce)", true);
   f.add("peers", "8", "slow-reader: connections that never read");
