@@ -321,10 +321,6 @@ class ScriptedLink {
  public:
   explicit ScriptedLink(VirtualClock& clock) : clock_(&clock) {}
   bool send(Message&& m) {
-    if (clock_->now() < connected_at) {  // no connection yet: the transport does not take it (ZMQ_IMMEDIATE)
-      if (m.type == MessageType::join) refused_joins.push_back(clock_->now());
-      return false;
-    }
     if (m.type == MessageType::join) join_times.push_back(clock_->now());
     return true;
   }
@@ -346,8 +342,6 @@ class ScriptedLink {
 
   std::vector<std::pair<TimePoint, Message>> script;  ///< (delivery time, message), in time order
   std::vector<TimePoint> join_times;                  ///< when each join request went out
-  TimePoint connected_at{0};                          ///< sends before this are refused
-  std::vector<TimePoint> refused_joins;               ///< join requests the link did not take
 
  private:
   VirtualClock* clock_;
@@ -477,39 +471,6 @@ TEST_CASE("A state still arriving is not requested again; a stalled one is", "[o
     CHECK(outer.joined());
     CHECK(link.join_times == std::vector<TimePoint>{TimePoint{0}, TimePoint{1s}, TimePoint{2s}, TimePoint{3s}});
   }
-}
-
-TEST_CASE("A join request the transport does not take (no connection yet) is tried again within milliseconds",
-          "[outer_loop][join]") {
-  VirtualClock clock;
-  ScriptedLink link(clock);
-  const Plan plan = small_plan();
-  OuterLoopConfig c = learner_config(1, 1);
-  c.join_timeout = 60s;
-  OuterLoop<ScriptedLink, Flat> outer(plan, link, c);
-  // The connection completes at 30 ms; the syncer answers 1 ms after a request it got.
-  link.connected_at = TimePoint{30ms};
-  link.script.emplace_back(TimePoint{36ms}, full_state(plan, 0, 1, 77));
-  link.script.emplace_back(TimePoint{36ms}, full_state(plan, 1, 1, 77));
-  VecParams params = zero_params();
-  outer.join(params);
-  CHECK(outer.joined());
-  // Refused at 0, then 5, 10, 20 ms apart; taken at 35 ms (it used to wait join_retry, 1 s).
-  CHECK(link.refused_joins == std::vector<TimePoint>{TimePoint{0}, TimePoint{5ms}, TimePoint{15ms}});
-  CHECK(link.join_times == std::vector<TimePoint>{TimePoint{35ms}});
-  CHECK(clock.now() == TimePoint{36ms});
-  CHECK(values(params[kW]) == kInit[kW]);
-
-  // A transport that never connects backs off to join_retry, not faster.
-  VirtualClock clock2;
-  ScriptedLink never(clock2);
-  never.connected_at = TimePoint{1h};
-  c.join_timeout = 5s;
-  OuterLoop<ScriptedLink, Flat> outer2(plan, never, c);
-  CHECK_THROWS_AS(outer2.join(params), TransportError);
-  // 0, 5, 15, 35, 75, 155, 315, 635, 1275 ms (gaps 5 to 640 ms), then 1 s apart: 2275, 3275, 4275 ms.
-  CHECK(never.refused_joins.size() == 12);
-  CHECK(never.refused_joins.back() == TimePoint{4275ms});
 }
 
 TEST_CASE("The join's retry interval is at most an eighth of the join time-out", "[outer_loop][join]") {

@@ -89,10 +89,7 @@ struct OuterLoopConfig {
   double join_link_mbit = 100.0;
   /// Resend the join request when nothing of the state has arrived for this
   /// long (a lost request or reply must not leave a learner outside the run;
-  /// a state still arriving is not re-requested). A request the transport
-  /// did not take (no connection yet: ZMQ_IMMEDIATE) is tried again sooner,
-  /// after 5 ms, doubling up to join_retry, so a learner started next to its
-  /// syncer joins within milliseconds of the connection, not a second later.
+  /// a state still arriving is not re-requested).
   Duration join_retry = std::chrono::seconds(1);
   Duration lock_step_timeout = std::chrono::seconds(60);
   Duration heartbeat_interval = std::chrono::seconds(1);
@@ -303,7 +300,7 @@ class OuterLoop {
     const TimePoint deadline = transport_->clock().now() + join_timeout_;
     while (!poll_join(params)) {
       check_transport();
-      auto m = transport_->receive_until(std::min(deadline, next_join_request()));
+      auto m = transport_->receive_until(std::min(deadline, join_heard_ + join_retry_interval()));
       if constexpr (DiagnosingTransport<Transport>) {
         // A link that cannot work (refused key, mismatched security) is said at
         // once: waiting out the time-out would not change it.
@@ -336,7 +333,6 @@ class OuterLoop {
     join_received_ = 0;
     join_bytes_ = 0;
     join_gap_ = Duration{0};
-    join_backoff_ = Duration{0};
     join_fragment_at_ = transport_->clock().now();
     pending_.clear();
     pulls_.clear();
@@ -354,7 +350,7 @@ class OuterLoop {
     if (joined_) return true;
     while (auto m = transport_->try_receive()) on_message(std::move(*m));
     if (join_received_ < frags_.size()) {
-      if (transport_->clock().now() >= next_join_request()) send_join();
+      if (transport_->clock().now() - join_heard_ >= join_retry_interval()) send_join();
       return false;
     }
     check_params(params, {});
@@ -636,17 +632,7 @@ class OuterLoop {
     m.tokens = static_cast<std::int64_t>(config_.overlap);
     m.version = config_.tokens_per_step;  // bounds this learner's token claims at the syncer (0: unstated)
     m.fragment = static_cast<std::uint32_t>(config_.round);  // checked against the syncer's --round
-    if (send(std::move(m)))
-      join_backoff_ = Duration{0};
-    else  // not taken (no connection yet): again soon, backing off up to join_retry
-      join_backoff_ = join_backoff_ == Duration{0} ? kJoinBackoff : std::min(2 * join_backoff_, config_.join_retry);
-  }
-
-  /// When the join request goes out again: after join_backoff_ when the
-  /// transport did not take the last one, else join_retry_interval() after the
-  /// request or the last fragment of its state.
-  [[nodiscard]] TimePoint next_join_request() const noexcept {
-    return join_backoff_ > Duration{0} ? join_sent_ + join_backoff_ : join_heard_ + join_retry_interval();
+    send(std::move(m));
   }
 
   void maybe_heartbeat() {
@@ -662,8 +648,7 @@ class OuterLoop {
   /// While rejoining, the join request is sent again every join_retry (a lost
   /// request or reply must not stop this learner's sends for good).
   void maybe_resend_rejoin() {
-    if (rejoining_ && transport_->clock().now() - join_sent_ >= (join_backoff_ > Duration{0} ? join_backoff_ : config_.join_retry))
-      send_join();
+    if (rejoining_ && transport_->clock().now() - join_sent_ >= config_.join_retry) send_join();
   }
 
   void on_message(Message&& m) {
@@ -1032,10 +1017,6 @@ class OuterLoop {
   TimePoint join_sent_{0};
   TimePoint join_heard_{0};  ///< the last join request sent or fragment of its state received
   Duration join_gap_{0};     ///< the longest wait for a fragment of this join's state so far (join_retry_interval())
-  /// 0: the last join request was taken by the transport; else how long after
-  /// it the next one goes out (it was not: no connection yet).
-  Duration join_backoff_{0};
-  static constexpr Duration kJoinBackoff = std::chrono::milliseconds(5);
   TimePoint join_fragment_at_{0};  ///< when the last fragment of this join's state came (its start before the first)
   std::uint64_t join_bytes_ = 0;
   Duration join_timeout_;    ///< config_.join_timeout, or derived (join_timeout())
