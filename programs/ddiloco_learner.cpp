@@ -139,6 +139,18 @@ int train(const cli::Flags& f, Link& link, const ZmqLearnerConfig& zc, const std
               static_cast<double>(outer.join_bytes_received()) / (1024.0 * 1024.0),
               std::chrono::duration<double>(outer.join_timeout()).count());
   std::fflush(stdout);  // tests wait for this line
+  if (const std::string start_file = f.str("start-file"); !start_file.empty()) {
+    // Joined, not training: polls the link (heartbeats, arrived globals)
+    // until the file exists, so that a test starts several learners' first
+    // steps together, whenever each join completed.
+    std::printf("learner %u: waiting for %s before step 1\n", zc.id, start_file.c_str());
+    std::fflush(stdout);
+    std::error_code ec;
+    while (g_signal.load() == 0 && !std::filesystem::exists(start_file, ec)) {
+      outer.poll(params);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
   ref::Params global = params;  // the global model's view, for val-global
   const std::size_t steps = f.count("steps"), every = std::max<std::size_t>(1, f.count("eval-every"));
   const auto t0 = std::chrono::steady_clock::now();
@@ -219,6 +231,9 @@ int main(int argc, char** argv) try {
   f.add("stop-file", "",
         "stop (leave, exit 0) after the inner step at which this file exists; tests use it to keep a learner "
         "training until they have seen what they wait for");
+  f.add("start-file", "",
+        "after joining, wait (still joined: heartbeats go on) until this file exists before the first inner step; "
+        "tests use it to start several learners' training together");
   f.add("pause-after-steps", "0",
         "after this inner step (and its progress line, if one is due) stop the process with SIGSTOP until SIGCONT, "
         "still joined; tests freeze learners at an exact step this way (0: never)");

@@ -80,9 +80,19 @@ start_phase() {
   PHASE_LEARNERS=()
   for i in 0 1; do
     # shellcheck disable=SC2046
-    start_learner "$name-l$i" "$i" 2 100000000 --pause-after-steps "$MEASURE_AT" $(learner_flags "$i") --round "$ATTACK_ROUND"
+    start_learner "$name-l$i" "$i" 2 100000000 --pause-after-steps "$MEASURE_AT" $(learner_flags "$i") --round "$ATTACK_ROUND" \
+      --start-file "$WORK/$name.go"
     PHASE_LEARNERS+=("$LEARNER_PID")
   done
+  # Both train from the same moment, however long each join took: a learner
+  # that trained alone first (a join that waited out its 1 s retry) moved the
+  # phase's loss by up to 3%, as much as the tolerance.
+  wait_until 120 "the honest learners of $name to join" both_joined "$name"
+  touch "$WORK/$name.go"
+}
+both_joined() {
+  local i
+  for i in 0 1; do log_has "$1-l$i" "waiting for" || exited "${PHASE_LEARNERS[i]}" || return 1; done
 }
 
 # start_attacker NAME FLAGS...: the attacker against phase NAME's syncer (ATTACK_PID).
