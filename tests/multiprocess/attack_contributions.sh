@@ -47,7 +47,13 @@ attack_phase poison --attack poison --rate 20
 # the norm-outlier factor (50x) is accepted, and clipping (4x the robust
 # reference) leaves the global loss about 7% above clean (with clipping and the
 # weight cap off: x3). Not run by default (it fails its loss bound);
-# ATTACK_STEALTH_POISON=1 runs it.
+# ATTACK_STEALTH_POISON=1 runs it. In pull rounds its damage comes from its
+# step counter (16 steps a message, 320 a second, faster than the honest
+# learners): it leads the global step by up to max_lead (64 rounds), so
+# rounds come early (the same counter with an empty payload: merges x1.35,
+# loss +4%; with a payload its step counter does not lead: x0.99). With
+# --max-lead 96 (4 rounds) on the syncer the phase passes, but two honest
+# learners 20% apart then lose 1.1% on average (docs/security.md).
 if [ "${ATTACK_STEALTH_POISON:-0}" = 1 ]; then
   attack_phase stealth_poison --attack poison --rate 20 --advance-step --counter-log2 4 --magnitude 0.2
 fi
