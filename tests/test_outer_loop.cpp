@@ -1491,6 +1491,68 @@ TEST_CASE("Pull rounds: with apply_every = 3 a global whose time has come waits 
   CHECK_THROWS_WITH(Outer(r.plan, t3, held), Catch::Contains("apply_every = 0"));
 }
 
+TEST_CASE("Pull rounds: announce_applies announces each global at a step that may apply and applies exactly those "
+          "values apply_every steps later, in step() only; an announced fragment's pull waits for the apply",
+          "[outer_loop][pull]") {
+  Rig r(1024, {}, pull_config(/*tau=*/1));
+  VecParams a = zero_params(), b = zero_params();
+  auto ta = r.net.learner(1), tb = r.net.learner(2);
+  OuterLoopConfig ahead = pull_learner(1, 1);
+  ahead.apply_every = 3;
+  ahead.announce_applies = true;
+  Outer la(r.plan, ta, ahead), lb(r.plan, tb, pull_learner(2, 1));
+  r.join(la, a);
+  r.join(lb, b);
+  struct Announced {
+    std::size_t step;
+    AppliedFragment global;
+  };
+  std::vector<Announced> out;  // announced, not yet applied
+  std::size_t announced = 0, applied = 0;
+  const std::uint64_t applies_at_join = la.status().applies;  // the join writes every fragment
+  for (std::size_t s = 1; s <= 24; ++s) {
+    inner_step(a);
+    const StepReport rep = la.step(a, 16);
+    if (rep.sent) {
+      for (const auto& x : out) CHECK(x.global.fragment != *rep.sent);  // its pull waits for the apply
+    }
+    REQUIRE(rep.applied_fragments.size() == rep.applied);
+    for (const AppliedFragment& g : rep.applied_fragments) {
+      ++applied;
+      CHECK(s % 3 == 0);
+      const auto it = std::find_if(out.begin(), out.end(), [&](const Announced& x) { return x.global.fragment == g.fragment; });
+      REQUIRE(it != out.end());
+      CHECK(it->step + 3 == s);  // at the next step that may apply
+      CHECK(it->global.version == g.version);
+      CHECK(it->global.values == g.values);  // the announced values themselves
+      for (std::size_t t : r.plan.fragments()[g.fragment].tensors) {  // written into the parameters (alpha = 0)
+        const std::size_t off = r.plan.offset_in_fragment(t), n = r.plan.tensors()[t].numel;
+        CHECK(values(a[t]) == Flat(g.values->begin() + off, g.values->begin() + off + n));
+      }
+      CHECK(la.base_version(g.fragment) == g.version);
+      out.erase(it);
+    }
+    for (const AppliedFragment& g : rep.announced) {
+      ++announced;
+      CHECK(s % 3 == 0);
+      for (const auto& x : out) CHECK(x.global.fragment != g.fragment);  // one announcement at a time per fragment
+      out.push_back({s, g});
+    }
+    inner_step(b);
+    lb.step(b, 16);
+    r.pump();
+    CHECK(la.poll(a) == 0);  // poll() neither applies nor announces
+  }
+  CHECK(announced >= 4);
+  CHECK(applied + out.size() == announced);
+  CHECK(la.status().applies - applies_at_join == applied);
+  CHECK(la.status().pulls_deferred_steps > 0);
+  OuterLoopConfig push = learner_config(3, 1);
+  push.announce_applies = true;
+  auto t3 = r.net.learner(3);
+  CHECK_THROWS_WITH(Outer(r.plan, t3, push), Catch::Contains("announce_applies") && Catch::Contains("pull"));
+}
+
 TEST_CASE("Pull rounds: learners that joined and never trained are not waited for, so a flood of idle ids costs "
           "no grace window",
           "[outer_loop][pull]") {

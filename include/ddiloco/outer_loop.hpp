@@ -112,6 +112,14 @@ struct OuterLoopConfig {
   /// those steps (ddiloco.GroupLearner). Push rounds: must be 1 (their apply
   /// steps follow the schedule).
   std::size_t apply_every = 1;
+  /// Pull rounds: each apply is announced one apply step ahead (what the
+  /// leader of a group learner needs so that its other ranks never wait for
+  /// it, ddiloco.GroupLearner). At a step that may apply, the globals whose
+  /// time has come are not applied but announced (StepReport::announced), and
+  /// applied, exactly those values, at the next step that may apply
+  /// (apply_every steps later) together with nothing else; a pull of an
+  /// announced fragment is answered after its apply. Push rounds: must be false.
+  bool announce_applies = false;
 };
 
 /// One global fragment a step applied: which, its version, and the values
@@ -129,6 +137,9 @@ struct StepReport {
   std::size_t applied = 0;          ///< global fragments applied at this step (= applied_fragments.size())
   /// Which: in the order applied (no allocation when none is).
   std::vector<AppliedFragment> applied_fragments;
+  /// OuterLoopConfig::announce_applies: the globals this step announced, to be
+  /// applied (these values) at the next step that may apply.
+  std::vector<AppliedFragment> announced;
   bool waited = false;              ///< lock-step: this step waited for a global
 };
 
@@ -337,7 +348,7 @@ class OuterLoop {
     pending_.clear();
     pulls_.clear();
     arrived_.clear();
-    for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false, {}, 0, {}, 0, 0, {}};
+    for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false, {}, 0, {}, 0, 0, {}, {}, 0};
     send_join();
   }
 
@@ -400,7 +411,10 @@ class OuterLoop {
       // global lost on the way: the stale answer makes the syncer send it again).
       for (std::size_t i = 0; i < pulls_.size() && !rejoining_;) {
         auto& pf = frags_[pulls_[i]];
-        if (pf.base_version < pf.pull_floor && step_ - pf.pulled_at_step <= config_.sync_every) {
+        // An announced global is applied at the next step that may apply: the
+        // answer waits for it (at most apply_every steps), as it would for a
+        // global on its way.
+        if (pf.announced || (pf.base_version < pf.pull_floor && step_ - pf.pulled_at_step <= config_.sync_every)) {
           ++status_.pulls_deferred_steps;
           ++i;
           continue;
@@ -529,6 +543,10 @@ class OuterLoop {
       std::uint64_t step = 0;          ///< its step then
     };
     std::optional<Answer> answer;
+    /// OuterLoopConfig::announce_applies: the global announced, applied at
+    /// the next step that may apply.
+    Payload announced;
+    std::uint64_t announced_version = 0;
 
     [[nodiscard]] bool has_newer() const noexcept { return latest && latest_version > base_version; }
   };
@@ -549,6 +567,9 @@ class OuterLoop {
     if (plan.num_fragments() == 0) throw InvalidArgument("OuterLoop: the plan has no fragments");
     if (c.apply_every == 0)
       throw InvalidArgument("OuterLoopConfig::apply_every = 0 must be >= 1 (1: apply a global at any step)");
+    if (c.announce_applies && c.round != RoundMode::pull)
+      throw InvalidArgument("OuterLoopConfig::announce_applies needs pull rounds (push rounds apply at their "
+                            "schedule's steps); use round = pull or leave it false");
     if (c.apply_every != 1 && c.round != RoundMode::pull)
       throw InvalidArgument(detail::msg("OuterLoopConfig::apply_every = ", c.apply_every,
                                         " needs pull rounds (push rounds apply at their schedule's steps); "
@@ -805,24 +826,49 @@ class OuterLoop {
                        "and fragment count (--fragments)");
   }
 
-  /// Applies every pending fragment whose time has come and whose result is here.
+  /// Applies every pending fragment whose time has come and whose result is
+  /// here; with announce_applies (called from step() only), applies what the
+  /// previous step that may apply announced and announces those instead.
   std::size_t apply_due(std::span<T> params, StepReport& report, bool may_block = true) {
     std::size_t applied = 0;
     if (step_ % config_.apply_every != 0) return 0;  // pull rounds: held until a step that may apply
-    for (std::size_t p : arrived_) {  // pull rounds only (on_message)
+    const bool announce = config_.announce_applies;
+    if (announce) {
+      if (!may_block) return 0;  // poll(): only steps apply, so every rank of a group applies at the same step
+      for (std::size_t p = 0; p < frags_.size(); ++p) {
+        auto& f = frags_[p];
+        if (!f.announced) continue;
+        report.applied_fragments.push_back({p, f.announced_version, f.announced});
+        const Payload values = std::move(f.announced);
+        apply_values(p, params, *values, f.announced_version, /*mix=*/true);
+        ++applied;
+      }
+    }
+    // Takes fragment p's newest global: applies it now, or announces it.
+    const auto take = [&](std::size_t p) {
       auto& f = frags_[p];
-      if (f.sent_at || !f.has_newer()) continue;  // an answer is out: applied at answer + tau below
-      status_.staleness_versions.observe(static_cast<double>(f.latest_version - f.base_version));
+      if (announce) {
+        f.announced = f.latest;
+        f.announced_version = f.latest_version;
+        report.announced.push_back({p, f.latest_version, f.latest});
+        return;
+      }
       report.applied_fragments.push_back({p, f.latest_version, f.latest});
       apply(p, params, /*mix=*/true);
       ++applied;
+    };
+    for (std::size_t p : arrived_) {  // pull rounds only (on_message)
+      auto& f = frags_[p];
+      if (f.sent_at || !f.has_newer() || f.announced) continue;  // an answer is out: applied at answer + tau below
+      status_.staleness_versions.observe(static_cast<double>(f.latest_version - f.base_version));
+      take(p);
     }
     arrived_.clear();
     for (std::size_t i = 0; i < pending_.size();) {
       const std::size_t p = pending_[i];
       auto& f = frags_[p];
       const std::uint64_t due = *f.sent_at + config_.overlap;
-      if (step_ < due) {
+      if (step_ < due || f.announced) {
         ++i;
         continue;
       }
@@ -835,9 +881,7 @@ class OuterLoop {
         status_.apply_delay_steps.observe(static_cast<double>(step_ - *f.sent_at));
         status_.staleness_versions.observe(
             static_cast<double>(f.latest_version > f.base_version ? f.latest_version - f.base_version : 0));
-        report.applied_fragments.push_back({p, f.latest_version, f.latest});
-        apply(p, params, /*mix=*/true);
-        ++applied;
+        take(p);
         pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
       } else {
         ++i;
@@ -870,11 +914,19 @@ class OuterLoop {
   /// theta_p <- alpha * theta_p + (1 - alpha) * Theta_p (FragmentApplier); base_p <- Theta_p.
   void apply(std::size_t p, std::span<T> params, bool mix) {
     auto& f = frags_[p];
-    const std::vector<float>& theta = *f.latest;
+    const Payload theta = std::move(f.latest);
+    apply_values(p, params, *theta, f.latest_version, mix);
+  }
+
+  /// The same for the global `theta` of version `of_version` (the newest, or an
+  /// announced one): `latest` is dropped if it is not newer.
+  void apply_values(std::size_t p, std::span<T> params, const std::vector<float>& theta, std::uint64_t of_version,
+                    bool mix) {
+    auto& f = frags_[p];
     applier_.apply_unchecked(params, p, std::span<const float>(theta), mix);
     std::copy(theta.begin(), theta.end(), f.base.begin());
-    f.base_version = f.latest_version;
-    f.latest.reset();
+    f.base_version = of_version;
+    if (f.latest && f.latest_version <= of_version) f.latest.reset();
     f.sent_at.reset();
     f.steps_at_reset = step_;
     f.tokens_at_reset = tokens_total_;
