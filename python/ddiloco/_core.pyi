@@ -48,6 +48,7 @@ class LearnerOptions:
     staging: str
     round: str
     apply_every: int
+    announce_applies: bool
     def __init__(self) -> None: ...
 
 class StepReport:
@@ -67,6 +68,13 @@ class StepReport:
     @property
     def waited(self) -> bool:
         """Lock-step only: the step waited for a global."""
+    @property
+    def announced(self) -> List[int]:
+        """announce_applies (a group's leader, pull rounds): the fragments whose global this step announced,
+        to be applied at the next step that may apply (ascending); empty otherwise."""
+    @property
+    def announced_versions(self) -> List[int]:
+        """The version of each global in announced (same order)."""
 
 class LearnerCore:
     """An OuterLoop over ZeroMQ whose tensors are the given torch parameters (in place on the
@@ -100,6 +108,9 @@ class LearnerCore:
         """Copies the global of `fragment` that the last step applied (its fragment_numel float32 values, in
         fragment order) into `out` (writable, float32, contiguous, exactly that size); returns its version.
         StateError if the last step did not apply that fragment. A group's leader broadcasts these values."""
+    def copy_announced(self, fragment: int, out: np.ndarray) -> int:
+        """The same for a global that the last step announced (announce_applies); StateError if it did not
+        announce that fragment."""
 
 class FollowerCore:
     """A rank of a group learner other than its leader (see ddiloco.GroupLearner): the leader's plan and

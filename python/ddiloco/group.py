@@ -14,7 +14,10 @@ broadcasts over the group which globals it applied and which sends still
 await theirs, then the values, and every other rank applies them with the
 leader's arithmetic (the C++ FragmentApplier) in the same step: the ranks stay
 bit-identical. The leader posts its broadcasts and does not wait for the
-others. At the other steps (a due step included) the leader steps alone and
+others. In pull rounds each apply is announced one such step ahead (the
+leader's Learner runs with announce_applies), so the others receive at step t
+what every rank applies at t + apply_every and never wait for the leader's
+step. At the other steps (a due step included) the leader steps alone and
 the others only count. No maths here: only the collectives and the bookkeeping.
 """
 from __future__ import annotations
@@ -165,6 +168,9 @@ class GroupLearner:
                 raise _error(_core.InvalidArgument, f"apply_every = {every!r} must be an int >= 1: the ranks apply "
                              "globals (and communicate) only at the steps that are multiples of it")
             learner_keywords["apply_every"] = every
+            # The leader announces each apply one step that may apply ahead, so the others learn at step t what
+            # every rank applies at t + apply_every and never wait for the leader's step (see _pull_grid).
+            learner_keywords["announce_applies"] = True
         self._apply_every = learner_keywords.get("apply_every", 1)
         alpha = learner_keywords.get("alpha", signature["alpha"].default)
         sync_every = learner_keywords.get("sync_every", signature["sync_every"].default)
@@ -241,6 +247,17 @@ class GroupLearner:
         self._sent_reports = [StepReport(sent=p) for p in range(count)]  # the others' reports at a due step
         self._overlap = int(overlap)
         self._due_at = self._learner._core.due_at if self.is_leader else self._follower.due_at
+        # Pull rounds: every fragment may be announced at a step that may apply; its header and the announced
+        # values travel in one broadcast (slots for every fragment) when they fit in _FOLD_FLOATS (CPU groups).
+        self._pull_slots = {}
+        if self._device.type == "cpu":
+            at = 0
+            for f in range(count):
+                self._pull_slots[f] = at
+                at += numels[f]
+        self._pull_floats = sum(numels)
+        self._inflight = None    # the others, pull rounds: the receive of the leader's last announcement
+        self._announced = []     # the leader, pull rounds: (fragment, version) announced at the last grid step
         self._joined = False
 
     # ---- collectives -------------------------------------------------------------------
@@ -316,6 +333,8 @@ class GroupLearner:
                     offset += n
                 self._follower.set_versions(h[2:])
         self._step = self._synced_step = h[1]  # the leader's step count (its schedule's clock)
+        self._inflight = None
+        self._announced = []
         self._sent_at = {}
         self._pending = {}
         self._eligible_from = _NEVER
@@ -383,7 +402,7 @@ class GroupLearner:
         elif not self.is_leader:
             self._unsent_tokens += tokens
         if at_grid:
-            return self._communicate(t, tokens, range(self._count))
+            return self._pull_grid(t, tokens)
         if not self.is_leader:
             return self._nothing
         report = self._learner.step(tokens)
@@ -393,6 +412,103 @@ class GroupLearner:
             raise _error(_core.StateError, f"rank {self.rank}: {self._down}; this is a bug in ddiloco: please "
                          "report it with the learner's keywords")
         return report
+
+    def _pull_grid(self, t: int, tokens: int) -> StepReport:
+        """Pull rounds, a step that may apply: every rank applies the globals the leader announced at the previous
+        such step (apply_every steps ago), and the leader announces those its learner applies at the next one.
+        The announcement is posted by the leader and received by the others without waiting: they wait only
+        for the previous one, which came apply_every steps ago. Small models: the announced values travel with
+        it. Larger ones: the values of the globals applied here follow at this step, and the others wait for
+        them only at a step that applies."""
+        count = self._count
+        numels = self.plan["fragment_numel"]
+        fold = bool(self._pull_slots) and self._pull_floats <= self._fold_floats
+        if fold:
+            header_bytes = 8 * (3 + 3 * count)
+            need = header_bytes + 4 * self._pull_floats
+            if self._fold is None or self._fold.numel() < need:
+                self._fold = torch.empty(need, dtype=torch.uint8)
+            message = self._fold[:need]
+            h = message[:header_bytes].view(torch.int64).numpy()
+            folded = message[header_bytes:].view(torch.float32).numpy()
+        else:
+            message, h, folded = self._header, self._header_np, None
+        self._synced_step = t
+        self._synced_steps += 1
+        if self.is_leader:
+            self._finish_posted()  # the announcement of the previous such step is out: its buffer is free
+            failure: Optional[BaseException] = None
+            report = None
+            try:
+                report = self._learner.step(tokens)
+                if [(f, v) for f, v in zip(report.applied, report.versions)] != self._announced:
+                    raise _error(_core.StateError, f"rank {self.rank}: the leader's step {t} applied "
+                                 f"{list(zip(report.applied, report.versions))} but announced {self._announced}; "
+                                 "this is a bug in ddiloco: please report it with the learner's keywords")
+            except BaseException as e:
+                failure = e
+            if not fold:  # the values of what the others apply here (announced before), whatever happened since
+                for i, (fragment, _) in enumerate(self._announced):
+                    values, host = self._leader_buffer(numels[fragment], first=i == 0)
+                    if failure is None:
+                        self._learner._core.copy_applied(fragment, host.numpy())
+                        if values is not host:
+                            values.copy_(host)
+                    self._post(values, "step")
+            self._announced = []
+            if failure is None:
+                try:
+                    n = len(report.announced)
+                    h[0], h[1], h[2] = n, -1, 0
+                    h[3:3 + n] = report.announced
+                    h[3 + count:3 + count + n] = report.announced_versions
+                    if fold:
+                        for fragment in report.announced:
+                            at = self._pull_slots[fragment]
+                            self._learner._core.copy_announced(fragment, folded[at:at + numels[fragment]])
+                    self._announced = list(zip(report.announced, report.announced_versions))
+                except BaseException as e:
+                    failure = e
+            if failure is not None:
+                h[0] = _FAILED
+            if not fold and self._header is not self._header_host:
+                self._header.copy_(self._header_host)
+            self._post(message, "step")
+            if failure is not None:
+                self._down = f"the leader's step {t} failed: {failure}"
+                self._close_learner()
+                raise failure
+            return report
+        ids, versions = [], []
+        if self._inflight is not None:  # the leader's announcement of the previous such step: applied now
+            work, self._inflight = self._inflight, None
+            self._collective(work.wait, f"the announcement of step {t - self._apply_every}")
+            if not fold and self._header is not self._header_host:
+                self._header_host.copy_(self._header)
+            n = int(h[0])
+            if n == _FAILED:
+                self._down = f"the leader (rank {self.leader}) failed at step {t - self._apply_every}"
+                raise _error(_core.StateError, f"rank {self.rank}: the group's leader (rank {self.leader}) failed at "
+                             f"step {t - self._apply_every} and took the group's learner down (its error says why); "
+                             "restart every rank of the group: it rejoins as a whole")
+            ids = [int(x) for x in h[3:3 + n]]
+            versions = [int(x) for x in h[3 + count:3 + count + n]]
+            for fragment, version in zip(ids, versions):
+                size = numels[fragment]
+                if fold:
+                    at = self._pull_slots[fragment]
+                    self._follower.apply(fragment, version, folded[at:at + size])
+                else:
+                    values = self._values[:size]
+                    self._broadcast(values, "step")
+                    if self._values is not self._host:
+                        self._host[:size].copy_(values)
+                    self._follower.apply(fragment, version, self._host_np[:size])
+        self._inflight = self._collective(
+            lambda: dist.broadcast(message, src=self._src, group=self.group, async_op=True), "step")
+        if not ids:
+            return self._nothing
+        return StepReport(applied=ids, versions=versions)
 
     def _communicate(self, t: int, tokens: int, fragments) -> StepReport:
         """A step at which the ranks communicate: the leader steps its learner and broadcasts what it applied
@@ -480,7 +596,7 @@ class GroupLearner:
                     at = slots[fragment]
                     self._follower.apply(fragment, version, folded[at:at + size])
             elif self.is_leader:
-                values, host = self._leader_buffer(fragment, size)
+                values, host = self._leader_buffer(size, first=len(self._posted) == 1)  # only the header is out
                 self._learner._core.copy_applied(fragment, host.numpy())
                 if values is not host:
                     values.copy_(host)
@@ -529,10 +645,10 @@ class GroupLearner:
         for work in posted:
             self._collective(work.wait, f"a broadcast of step {self._synced_step}")
 
-    def _leader_buffer(self, fragment: int, size: int):
+    def _leader_buffer(self, size: int, first: bool):
         """(values, host) buffers of an applied fragment's broadcast: the shared one for the first fragment of a
         step, a fresh one for each further fragment of the same step (its broadcast may still be in flight)."""
-        if not self._posted or len(self._posted) == 1:  # only the header is in flight
+        if first:
             return self._values[:size], self._host[:size]
         host = torch.empty(size, dtype=torch.float32)
         return (host if self._values is self._host else torch.empty(size, dtype=torch.float32, device=self._device),
@@ -552,6 +668,9 @@ class GroupLearner:
                 self._finish_posted()
             except Exception:  # the group is down: nothing more to hand over
                 pass
+        if self._inflight is not None and self._inflight.is_completed():
+            self._inflight.wait()  # the last announcement, received: nothing left in flight
+        self._inflight = None
         self._close_learner()
         self._joined = False
 

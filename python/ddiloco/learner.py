@@ -39,7 +39,11 @@ class Learner:
     sizes in model order, exactly as ``ddiloco.Syncer`` builds it from the same
     model. ``round``: 'pull' (the paper's round, the default: a metadata message
     after every step, and the fragment the syncer pulls at the next step) or
-    'push' (each fragment at its own slots); the syncer's must match. See
+    'push' (each fragment at its own slots); the syncer's must match.
+    ``announce_applies`` (pull rounds; ddiloco.GroupLearner's leader sets it):
+    a step that may apply announces the globals whose time has come
+    (``StepReport.announced``, values via ``copy_announced``) and applies them
+    at the next step that may apply, ``apply_every`` steps later. See
     docs/python.md for every keyword.
     """
 
@@ -49,7 +53,7 @@ class Learner:
                  codec: str = "fp32", error_feedback: bool = False, embedding: EmbeddingRule = None,
                  join_timeout: float = 30.0, join_retry: float = 1.0, heartbeat: float = 1.0,
                  lock_step_timeout: float = 60.0, staging: str = "auto", round: str = "pull",
-                 apply_every: int = 1, **unknown):
+                 apply_every: int = 1, announce_applies: bool = False, **unknown):
         reject_unknown("ddiloco.Learner", Learner.__init__, unknown)
         names, tensors, modules = named_parameters(model, "ddiloco.Learner")
         flags = embedding_flags(names, tensors, modules, embedding, "ddiloco.Learner")
@@ -68,7 +72,8 @@ class Learner:
             "error_feedback": ("error_feedback", error_feedback), "join_timeout": ("join_timeout_s", join_timeout),
             "join_retry": ("join_retry_s", join_retry), "heartbeat": ("heartbeat_s", heartbeat),
             "lock_step_timeout": ("lock_step_timeout_s", lock_step_timeout), "staging": ("staging", staging),
-            "round": ("round", round), "apply_every": ("apply_every", apply_every)})
+            "round": ("round", round), "apply_every": ("apply_every", apply_every),
+            "announce_applies": ("announce_applies", announce_applies)})
         self.names = names
         self.parameters = tensors
         self._core = _core.LearnerCore(o, names, tensors, flags, torch.float32, _copy_out, _copy_in)

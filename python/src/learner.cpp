@@ -113,6 +113,8 @@ struct LearnerOptions {
   std::string round = "push";
   /// OuterLoopConfig::apply_every: pull rounds apply globals only at multiples of this step.
   std::size_t apply_every = 1;
+  /// OuterLoopConfig::announce_applies: each apply announced one apply step ahead (a group's leader).
+  bool announce_applies = false;
 };
 
 /// "pull" / "push" -> RoundMode; anything else names the value and the choices.
@@ -129,6 +131,10 @@ struct StepResult {
   std::vector<std::size_t> applied;  ///< fragments whose global was applied at this step, ascending
   std::vector<std::uint64_t> versions;  ///< the version of each global in `applied` (same order)
   bool waited = false;               ///< lock-step: the step waited for a global
+  /// announce_applies: fragments whose global this step announced (applied at the next step that may apply),
+  /// ascending, and their versions.
+  std::vector<std::size_t> announced;
+  std::vector<std::uint64_t> announced_versions;
 };
 
 /// "[2, 3]" from a torch.Size / tuple.
@@ -358,6 +364,7 @@ class LearnerCore {
     lc.lock_step = o.lock_step;
     lc.round = round_of(o.round, "ddiloco.Learner");
     lc.apply_every = o.apply_every;
+    lc.announce_applies = o.announce_applies;
     pull_ = lc.round == RoundMode::pull;
     lc.join_timeout = seconds(o.join_timeout_s, "join_timeout");
     lc.join_retry = seconds(o.join_retry_s, "join_retry");
@@ -406,8 +413,8 @@ class LearnerCore {
   /// returns one shared, immutable report (no allocation on the common path).
   py::object step_py(std::int64_t tokens) {
     StepResult r = step(tokens);
-    if (!r.sent && r.applied.empty() && !r.waited) {
-      if (!nothing_) nothing_ = py::cast(StepResult{});
+    if (!r.sent && r.applied.empty() && r.announced.empty() && !r.waited) {
+      if (!nothing_) nothing_ = py::cast(StepResult{{}, {}, {}, false, {}, {}});
       return nothing_;
     }
     return py::cast(std::move(r));
@@ -447,6 +454,15 @@ class LearnerCore {
         out.versions.push_back(a.version);
         sent_at_[a.fragment] = kNone;
         pending_.erase(std::remove(pending_.begin(), pending_.end(), a.fragment), pending_.end());
+      }
+    }
+    last_announced_ = std::move(r.announced);
+    if (!last_announced_.empty()) {
+      std::sort(last_announced_.begin(), last_announced_.end(),
+                [](const AppliedFragment& a, const AppliedFragment& b) { return a.fragment < b.fragment; });
+      for (const AppliedFragment& a : last_announced_) {
+        out.announced.push_back(a.fragment);
+        out.announced_versions.push_back(a.version);
       }
     }
     if (r.sent) {
@@ -519,26 +535,36 @@ class LearnerCore {
   /// that size (the leader of a group fills its broadcast buffer with it);
   /// returns its version.
   std::uint64_t copy_applied(std::size_t fragment, py::buffer out) const {
-    check(loop_ != nullptr, "copy_applied");
-    const auto it = std::find_if(last_applied_.begin(), last_applied_.end(),
-                                 [&](const AppliedFragment& a) { return a.fragment == fragment; });
-    if (it == last_applied_.end()) {
-      std::string which;
-      for (const AppliedFragment& a : last_applied_) {
-        if (!which.empty()) which += ", ";  // appended: see dims()
-        which += std::to_string(a.fragment);
-      }
-      throw StateError(detail::msg("ddiloco.Learner.copy_applied: fragment ", fragment,
-                                   " was not applied at the last step (applied: [", which,
-                                   "]); pass a fragment from the last StepReport.applied"));
-    }
-    const std::span<float> dst = float_buffer(out, it->values->size(), "ddiloco.Learner.copy_applied", fragment);
-    std::copy(it->values->begin(), it->values->end(), dst.begin());
-    return it->version;
+    return copy_global(last_applied_, fragment, out, "copy_applied", "applied");
+  }
+
+  /// The same for a global the last step announced (announce_applies).
+  std::uint64_t copy_announced(std::size_t fragment, py::buffer out) const {
+    return copy_global(last_announced_, fragment, out, "copy_announced", "announced");
   }
 
  private:
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+
+  std::uint64_t copy_global(const std::vector<AppliedFragment>& list, std::size_t fragment, py::buffer out,
+                            const char* what, const char* did) const {
+    check(loop_ != nullptr, what);
+    const auto it = std::find_if(list.begin(), list.end(),
+                                 [&](const AppliedFragment& a) { return a.fragment == fragment; });
+    if (it == list.end()) {
+      std::string which;
+      for (const AppliedFragment& a : list) {
+        if (!which.empty()) which += ", ";  // appended: see dims()
+        which += std::to_string(a.fragment);
+      }
+      throw StateError(detail::msg("ddiloco.Learner.", what, ": fragment ", fragment, " was not ", did,
+                                   " at the last step (", did, ": [", which, "]); pass a fragment from the last "
+                                   "StepReport.", did));
+    }
+    const std::span<float> dst = float_buffer(out, it->values->size(), (std::string("ddiloco.Learner.") + what).c_str(), fragment);
+    std::copy(it->values->begin(), it->values->end(), dst.begin());
+    return it->version;
+  }
 
   void check(bool open, const char* what) const {
     if (!open) throw StateError(detail::msg("ddiloco.Learner.", what, "(): the learner is closed; create a new one"));
@@ -571,6 +597,7 @@ class LearnerCore {
   std::optional<Schedule> schedule_;
   std::vector<std::uint64_t> sent_at_;  ///< per fragment: step of the send awaiting its result, kNone if none
   std::vector<std::size_t> pending_;    ///< fragments sent and awaiting their result
+  std::vector<AppliedFragment> last_announced_;  ///< the globals the last step announced (announce_applies)
   std::vector<AppliedFragment> last_applied_;  ///< the globals the last step applied (shared payloads)
   py::object nothing_;                  ///< the shared report of a step that did nothing
 };
@@ -724,7 +751,8 @@ void bind_learner(py::module_& m) {
       .def_readwrite("server_key", &LearnerOptions::server_key)
       .def_readwrite("staging", &LearnerOptions::staging)
       .def_readwrite("round", &LearnerOptions::round)
-      .def_readwrite("apply_every", &LearnerOptions::apply_every);
+      .def_readwrite("apply_every", &LearnerOptions::apply_every)
+      .def_readwrite("announce_applies", &LearnerOptions::announce_applies);
 
   py::class_<StepResult>(m, "StepReport", "What one Learner.step() did")
       .def(py::init([](std::optional<std::size_t> sent, std::vector<std::size_t> applied,
@@ -732,7 +760,7 @@ void bind_learner(py::module_& m) {
              if (versions.size() != applied.size())
                throw ShapeMismatch(detail::msg("ddiloco.StepReport: ", applied.size(), " applied fragments and ",
                                                versions.size(), " versions; give one version per applied fragment"));
-             return StepResult{sent, std::move(applied), std::move(versions), waited};
+             return StepResult{sent, std::move(applied), std::move(versions), waited, {}, {}};
            }),
            py::kw_only(), py::arg("sent") = py::none(), py::arg("applied") = std::vector<std::size_t>{},
            py::arg("versions") = std::vector<std::uint64_t>{}, py::arg("waited") = false)
@@ -740,6 +768,11 @@ void bind_learner(py::module_& m) {
       .def_readonly("applied", &StepResult::applied, "fragments whose global was applied at this step (ascending)")
       .def_readonly("versions", &StepResult::versions, "the version of each global in applied (same order)")
       .def_readonly("waited", &StepResult::waited, "lock-step: the step waited for a global")
+      .def_readonly("announced", &StepResult::announced,
+                    "announce_applies: fragments whose global this step announced (applied at the next step that "
+                    "may apply), ascending")
+      .def_readonly("announced_versions", &StepResult::announced_versions,
+                    "the version of each global in announced (same order)")
       .def("__repr__", [](const StepResult& r) {
         std::string a;
         for (std::size_t p : r.applied) a += (a.empty() ? "" : ", ") + std::to_string(p);
@@ -761,7 +794,8 @@ void bind_learner(py::module_& m) {
       .def("status", &LearnerCore::status)
       .def("plan", &LearnerCore::plan)
       .def("due_at", &LearnerCore::due_at, py::arg("step"))
-      .def("copy_applied", &LearnerCore::copy_applied, py::arg("fragment"), py::arg("out"));
+      .def("copy_applied", &LearnerCore::copy_applied, py::arg("fragment"), py::arg("out"))
+      .def("copy_announced", &LearnerCore::copy_announced, py::arg("fragment"), py::arg("out"));
 
   py::class_<FollowerCore>(m, "FollowerCore",
                            "A rank of a group learner other than its leader (see ddiloco.GroupLearner)")

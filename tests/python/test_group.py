@@ -207,15 +207,19 @@ def test_two_learners_and_a_two_rank_group_train_the_global_model_and_the_ranks_
           f"{follower['synced_steps']} of {n} steps")
 
 
+@pytest.mark.parametrize("fold_floats", [None, 0], ids=["one-broadcast", "header-then-values"])
 def test_a_group_in_pull_rounds_answers_pulls_applies_every_h_over_p_steps_and_its_ranks_end_bit_identical(
-        syncer_of, tmp_path):
+        syncer_of, tmp_path, fold_floats):
     """Pull rounds: the leader answers pulls and sends metadata alone; globals are applied only at the multiples
-    of apply_every (default H / P = 4), where the ranks communicate: once every 4 steps, whatever arrives when."""
+    of apply_every (default H / P = 4), where the ranks communicate: once every 4 steps, whatever arrives when.
+    Each apply is announced at the previous such step (the others never wait for the leader's step), with its
+    values (one broadcast) or with the values following at the apply step (header then values)."""
     x_eval, y_eval = task(7)
     initial = mse(model_of(), x_eval, y_eval)
     bound = lone_sgd_loss(STEPS // 4, x_eval, y_eval)  # as in the push test above
     s = syncer_of(model_of(), heartbeat_timeout=60, **dict(SYNCER, round="pull"))
-    leader, follower, results = train_group_and_two_learners(s, str(tmp_path), "pull", round="pull")
+    leader, follower, results = train_group_and_two_learners(s, str(tmp_path), "pull", round="pull",
+                                                             fold_floats=fold_floats)
     # The follower applied every global the leader applied after its join (which applied both fragments).
     assert follower["applies"] == leader["applies"] - 2 and leader["applies"] >= MIN_APPLIES, (leader, follower)
     assert follower["base_versions"] == leader["base_versions"]
@@ -402,6 +406,45 @@ def test_a_group_learner_needs_torch_distributed_and_copy_applied_names_what_the
         assert np.array_equal(out, tensor.detach().reshape(-1).numpy())
         with pytest.raises(ddiloco.ShapeMismatch, match=rf"has {n + 1} elements but the fragment has {n}"):
             learner._core.copy_applied(fragment, np.zeros(n + 1, dtype=np.float32))
+
+
+def test_announce_applies_announces_a_global_and_applies_exactly_it_at_the_next_step_that_may_apply(syncer_of):
+    """What a pull-round group's leader runs with: a step that may apply announces the globals whose time has
+    come (their values through copy_announced) and the next one, apply_every steps later, applies them."""
+    model = model_of()
+    s = syncer_of(model_of(), **dict(SYNCER, round="pull"))
+    with pytest.raises(ddiloco.InvalidArgument, match=r"announce_applies needs pull rounds"):
+        ddiloco.Learner(model_of(), endpoint=s.endpoint, id=1, **dict(LEARNER, announce_applies=True))
+    with ddiloco.Learner(model, endpoint=s.endpoint, id=0,
+                         **dict(LEARNER, round="pull", apply_every=2, announce_applies=True)) as learner:
+        x, y, g = *task(3), batches(3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        held, step, deadline = None, 0, time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:  # until one announcement has been applied (an event, bounded)
+            inner_step(model, opt, x, y, g)
+            r = learner.step(BATCH)
+            step += 1
+            if held is not None:
+                if step % 2 != 0:
+                    assert r.applied == [] and r.announced == [], (step, r)
+                    continue
+                assert r.applied == [f for f, _ in held] and r.versions == [v for _, (v, _) in held], (r, held)
+                for fragment, (_, values) in held:  # alpha = 0: the announced values are the parameters now
+                    tensor = [model.weight, model.bias][fragment]
+                    assert np.array_equal(values, tensor.detach().reshape(-1).numpy())
+                break
+            if r.announced:
+                assert step % 2 == 0 and r.applied == [], (step, r)
+                held = []
+                for fragment, version in zip(r.announced, r.announced_versions):
+                    out = np.zeros(learner.plan["fragment_numel"][fragment], dtype=np.float32)
+                    assert learner._core.copy_announced(fragment, out) == version
+                    held.append((fragment, (version, out)))
+                missing = next(f for f in range(2) if f not in r.announced) if len(r.announced) < 2 else None
+                if missing is not None:
+                    with pytest.raises(ddiloco.StateError, match=rf"fragment {missing} was not announced"):
+                        learner._core.copy_announced(missing, np.zeros(8, dtype=np.float32))
+        assert held is not None and r.applied, f"no announcement applied within {WAIT_S} s ({step} steps)"
 
 
 def test_ranks_created_with_different_alphas_both_refuse_naming_the_difference(syncer_of, tmp_path):
