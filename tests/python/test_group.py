@@ -258,18 +258,21 @@ def test_a_lock_step_group_with_tau_0_applies_each_global_at_its_send_step_on_bo
     assert follower["synced_steps"] == 20 == leader["synced_steps"], (leader, follower)
 
 
+@pytest.mark.parametrize("round_mode", ["push", "pull"])
 def test_a_killed_rank_takes_the_group_learner_down_the_rest_runs_on_and_the_restarted_group_rejoins(
-        syncer_of, tmp_path):
+        syncer_of, tmp_path, round_mode):
     """SIGKILL of the follower rank of a running group, then of the leader rank of its restarted
     incarnation; each time the other rank fails with a clear error (no hang), the syncer sees the
     group's learner go (a leave, then a death) and keeps merging the single learner's work, and the
-    group restarted as a whole rejoins with contributions the syncer accepts."""
+    group restarted as a whole rejoins with contributions the syncer accepts. In pull rounds a rank
+    may die with an announcement in flight."""
     start = time.monotonic()
     d = str(tmp_path)
-    s = syncer_of(model_of(), heartbeat_timeout=3, **SYNCER)
+    s = syncer_of(model_of(), heartbeat_timeout=3, **dict(SYNCER, round=round_mode))
     stop, results, errors, progress = threading.Event(), {}, [], {}
     single = threading.Thread(target=single_learner,
-                              args=(0, s.endpoint, 10**9, results, errors, stop, progress, KILL_NOISE))
+                              args=(0, s.endpoint, 10**9, results, errors, stop, progress, KILL_NOISE),
+                              kwargs=dict(round=round_mode))
     single.start()
     procs = []
 
@@ -283,7 +286,8 @@ def test_a_killed_rank_takes_the_group_learner_down_the_rest_runs_on_and_the_res
         """Starts the group (until killed); returns once the syncer has accepted >= 10 of its contributions."""
         nonlocal procs
         before, sends_before = s.status(), single_sends()
-        procs, out = start_group(s.endpoint, d, tag, steps=0, max_seconds=60, noise=KILL_NOISE)
+        procs, out = start_group(s.endpoint, d, tag, steps=0, max_seconds=60, noise=KILL_NOISE,
+                                 extra=["--round", round_mode])
 
         def accepted_from_group():
             # All contributions accepted since the start, less all the single learner sent: the group's, at least.
@@ -336,7 +340,7 @@ def test_a_killed_rank_takes_the_group_learner_down_the_rest_runs_on_and_the_res
         single.join(WAIT_S)
         kill_all(procs)
     assert not single.is_alive() and not errors, errors
-    print(f"group kill test: {time.monotonic() - start:.1f} s; contributions of the three incarnations accepted: "
+    print(f"group kill test ({round_mode}): {time.monotonic() - start:.1f} s; contributions of the three incarnations accepted: "
           f">= {first}, {second}, {third}; syncer: {end['line']}")
 
 
