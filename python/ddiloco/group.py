@@ -423,16 +423,7 @@ class GroupLearner:
         count = self._count
         numels = self.plan["fragment_numel"]
         fold = bool(self._pull_slots) and self._pull_floats <= self._fold_floats
-        if fold:
-            header_bytes = 8 * (3 + 3 * count)
-            need = header_bytes + 4 * self._pull_floats
-            if self._fold is None or self._fold.numel() < need:
-                self._fold = torch.empty(need, dtype=torch.uint8)
-            message = self._fold[:need]
-            h = message[:header_bytes].view(torch.int64).numpy()
-            folded = message[header_bytes:].view(torch.float32).numpy()
-        else:
-            message, h, folded = self._header, self._header_np, None
+        message, h, folded = self._message(fold, self._pull_floats)
         self._synced_step = t
         self._synced_steps += 1
         if self.is_leader:
@@ -485,25 +476,13 @@ class GroupLearner:
             self._collective(work.wait, f"the announcement of step {t - self._apply_every}")
             if not fold and self._header is not self._header_host:
                 self._header_host.copy_(self._header)
-            n = int(h[0])
-            if n == _FAILED:
-                self._down = f"the leader (rank {self.leader}) failed at step {t - self._apply_every}"
-                raise _error(_core.StateError, f"rank {self.rank}: the group's leader (rank {self.leader}) failed at "
-                             f"step {t - self._apply_every} and took the group's learner down (its error says why); "
-                             "restart every rank of the group: it rejoins as a whole")
-            ids = [int(x) for x in h[3:3 + n]]
-            versions = [int(x) for x in h[3 + count:3 + count + n]]
+            ids, versions = self._named(h, t - self._apply_every)
             for fragment, version in zip(ids, versions):
-                size = numels[fragment]
                 if fold:
                     at = self._pull_slots[fragment]
-                    self._follower.apply(fragment, version, folded[at:at + size])
+                    self._follower.apply(fragment, version, folded[at:at + numels[fragment]])
                 else:
-                    values = self._values[:size]
-                    self._broadcast(values, "step")
-                    if self._values is not self._host:
-                        self._host[:size].copy_(values)
-                    self._follower.apply(fragment, version, self._host_np[:size])
+                    self._receive_and_apply(fragment, version, numels[fragment])
         self._inflight = self._collective(
             lambda: dist.broadcast(message, src=self._src, group=self.group, async_op=True), "step")
         if not ids:
@@ -525,16 +504,7 @@ class GroupLearner:
                 slots[f] = total
                 total += numels[f]
         fold = bool(slots) and total <= self._fold_floats
-        if fold:
-            header_bytes = 8 * (3 + 3 * count)
-            need = header_bytes + 4 * total
-            if self._fold is None or self._fold.numel() < need:
-                self._fold = torch.empty(need, dtype=torch.uint8)
-            message = self._fold[:need]
-            h = message[:header_bytes].view(torch.int64).numpy()
-            folded = message[header_bytes:].view(torch.float32).numpy()
-        else:
-            message, h = self._header, self._header_np  # the header; h: its host view
+        message, h, folded = self._message(fold, total)
         failure: Optional[BaseException] = None
         report = None
         if self.is_leader:
@@ -575,17 +545,10 @@ class GroupLearner:
             raise failure
         if not fold and not self.is_leader and self._header is not self._header_host:
             self._header_host.copy_(self._header)
-        n = int(h[0])
-        if n == _FAILED:
-            self._down = f"the leader (rank {self.leader}) failed at step {t}"
-            raise _error(_core.StateError, f"rank {self.rank}: the group's leader (rank {self.leader}) failed at step "
-                         f"{t} and took the group's learner down (its error says why); restart every rank of the "
-                         "group: it rejoins as a whole")
+        ids, versions = self._named(h, t)
         self._synced_step = t
         self._synced_steps += 1
         sent = int(h[1])
-        ids = [int(x) for x in h[3:3 + n]]
-        versions = [int(x) for x in h[3 + count:3 + count + n]]
         # The sends awaiting their result, as the leader's OuterLoop keeps them (the header says which).
         self._sent_at = {f: int(v) for f, v in enumerate(h[3 + 2 * count:]) if v >= 0}
         self._eligible_from = min(self._sent_at.values()) + self._overlap if self._sent_at else _NEVER
@@ -602,16 +565,44 @@ class GroupLearner:
                     values.copy_(host)
                 self._post(values, "step")
             else:
-                values = self._values[:size]
-                self._broadcast(values, "step")
-                if self._values is not self._host:
-                    self._host[:size].copy_(values)
-                self._follower.apply(fragment, version, self._host_np[:size])
+                self._receive_and_apply(fragment, version, size)
         if self.is_leader:
             return report
-        if n == 0 and sent < 0 and h[2] == 0:
+        if not ids and sent < 0 and h[2] == 0:
             return self._nothing
         return StepReport(sent=None if sent < 0 else sent, applied=ids, versions=versions, waited=bool(h[2]))
+
+    def _message(self, fold: bool, floats: int):
+        """(message, h, folded) of a step's broadcast: folded, one buffer of the header and `floats` values (h
+        and folded: numpy views of its parts); else the header alone (h: its host view, folded None)."""
+        if not fold:
+            return self._header, self._header_np, None
+        header_bytes = 8 * (3 + 3 * self._count)
+        need = header_bytes + 4 * floats
+        if self._fold is None or self._fold.numel() < need:
+            self._fold = torch.empty(need, dtype=torch.uint8)
+        message = self._fold[:need]
+        return message, message[:header_bytes].view(torch.int64).numpy(), message[header_bytes:].view(
+            torch.float32).numpy()
+
+    def _named(self, h, step: int):
+        """(fragments, versions) a header of the leader's `step` names; StateError if it says the leader failed."""
+        n = int(h[0])
+        if n == _FAILED:
+            self._down = f"the leader (rank {self.leader}) failed at step {step}"
+            raise _error(_core.StateError, f"rank {self.rank}: the group's leader (rank {self.leader}) failed at step "
+                         f"{step} and took the group's learner down (its error says why); restart every rank of the "
+                         "group: it rejoins as a whole")
+        count = self._count
+        return [int(x) for x in h[3:3 + n]], [int(x) for x in h[3 + count:3 + count + n]]
+
+    def _receive_and_apply(self, fragment: int, version: int, size: int) -> None:
+        """The others: receive one global from the leader's broadcast and apply it."""
+        values = self._values[:size]
+        self._broadcast(values, "step")
+        if self._values is not self._host:
+            self._host[:size].copy_(values)
+        self._follower.apply(fragment, version, self._host_np[:size])
 
     # ---- the leader's broadcasts, posted without waiting ----------------------------------
 

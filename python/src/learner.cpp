@@ -443,27 +443,25 @@ class LearnerCore {
     }
     StepResult out;
     out.waited = r.waited;
-    // The globals this step applied, kept (shared, no copy) until the next
-    // step for copy_applied(): a group's leader hands them to its other ranks.
-    last_applied_ = std::move(r.applied_fragments);
-    if (!last_applied_.empty()) {
-      std::sort(last_applied_.begin(), last_applied_.end(),
+    // The globals this step applied (and, announce_applies, announced), kept
+    // (shared, no copy) until the next step for copy_applied() and
+    // copy_announced(): a group's leader hands them to its other ranks. Each
+    // list in fragment order, its fragments and versions into the report.
+    const auto keep = [](std::vector<AppliedFragment>& kept, std::vector<AppliedFragment>&& fresh,
+                         std::vector<std::size_t>& fragments, std::vector<std::uint64_t>& versions) {
+      kept = std::move(fresh);
+      std::sort(kept.begin(), kept.end(),
                 [](const AppliedFragment& a, const AppliedFragment& b) { return a.fragment < b.fragment; });
-      for (const AppliedFragment& a : last_applied_) {
-        out.applied.push_back(a.fragment);
-        out.versions.push_back(a.version);
-        sent_at_[a.fragment] = kNone;
-        pending_.erase(std::remove(pending_.begin(), pending_.end(), a.fragment), pending_.end());
+      for (const AppliedFragment& a : kept) {
+        fragments.push_back(a.fragment);
+        versions.push_back(a.version);
       }
-    }
-    last_announced_ = std::move(r.announced);
-    if (!last_announced_.empty()) {
-      std::sort(last_announced_.begin(), last_announced_.end(),
-                [](const AppliedFragment& a, const AppliedFragment& b) { return a.fragment < b.fragment; });
-      for (const AppliedFragment& a : last_announced_) {
-        out.announced.push_back(a.fragment);
-        out.announced_versions.push_back(a.version);
-      }
+    };
+    keep(last_applied_, std::move(r.applied_fragments), out.applied, out.versions);
+    keep(last_announced_, std::move(r.announced), out.announced, out.announced_versions);
+    for (const AppliedFragment& a : last_applied_) {
+      sent_at_[a.fragment] = kNone;
+      pending_.erase(std::remove(pending_.begin(), pending_.end(), a.fragment), pending_.end());
     }
     if (r.sent) {
       out.sent = *r.sent;
