@@ -913,6 +913,10 @@ class ZmqSyncerTransport {
       detail::SendCharge charge;
     };
     std::vector<Move> moves;
+    // One pump at a time (send_to's caller and the I/O thread both pump): two
+    // that framed their moves side by side could queue a stream's fragments
+    // out of order.
+    std::lock_guard pumping(pump_mutex_);
     {
       std::lock_guard lock(mutex_);
       if (streams_.empty()) return;
@@ -1364,6 +1368,7 @@ class ZmqSyncerTransport {
   detail::RefusalLog refusals_{config_.refusal_log_interval, config_.refusal_log_burst};
   std::optional<detail::ZapHandler> zap_;
   std::string endpoint_;
+  std::mutex pump_mutex_;  ///< held through pump_streams(), taken before mutex_
   mutable std::mutex mutex_;
   std::condition_variable arrived_;
   std::deque<Incoming> incoming_;
