@@ -41,6 +41,8 @@ def main():
     a.add_argument("--min-applies", type=int, default=0,
                    help="after --steps, go on in blocks of --block steps until the leader has applied this many "
                         "globals (the leader broadcasts the decision; bounded by --max-seconds)")
+    a.add_argument("--min-pulls", type=int, default=0,
+                   help="and until the leader has been pulled and has sent this many times (pull rounds)")
     a.add_argument("--block", type=int, default=4, help="the steps of one block after --steps")
     a.add_argument("--max-seconds", type=float, default=90.0, help="give up after this long (no orphans)")
     a.add_argument("--alpha", type=float, default=0.0)
@@ -77,11 +79,13 @@ def main():
             i = 0
             while True:
                 if args.steps != 0 and i >= args.steps and (i - args.steps) % args.block == 0:
-                    if args.min_applies <= 0:
+                    if args.min_applies <= 0 and args.min_pulls <= 0:
                         break
-                    # Train on until the event the test needs (a number of applied globals), however fast the
-                    # syncer merges next to these processes; every rank stops at the same step.
-                    more = torch.tensor([int(learner.is_leader and learner.status()["applies"] < args.min_applies)])
+                    # Train on until the events the test needs (applied globals, answered pulls), however fast
+                    # the syncer merges next to these processes; every rank stops at the same step.
+                    st = learner.status() if learner.is_leader else None
+                    more = torch.tensor([int(st is not None and (st["applies"] < args.min_applies
+                                                                 or min(st["pulls"], st["sends"]) < args.min_pulls))])
                     dist.broadcast(more, src=0)  # the leader is rank 0 (GroupLearner's default)
                     if not more.item():
                         break

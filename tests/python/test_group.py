@@ -22,6 +22,7 @@ LR = 0.02
 GROUP_ID = 2
 WAIT_S = 60        # the bound of every wait for an event below
 MIN_APPLIES = 22   # globals the group's leader applies before it stops (after at least STEPS steps)
+MIN_PULLS = 20     # and, in pull rounds, pulls it answers (a merge may close without the group's answer)
 LEARNER_MIN_APPLIES = 10  # and each single learner next to it
 # The workers import the ddiloco this test imported, wherever PYTHONPATH pointed (relative paths included).
 WORKER_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -139,13 +140,15 @@ def global_model(s):
 
 def train_group_and_two_learners(s, directory, tag, round="push", fold_floats=None):
     """Group learner GROUP_ID (two processes) and two single learners (threads) train STEPS steps against
-    syncer `s`; the group then trains on, 4 steps at a time, until its leader has applied MIN_APPLIES globals,
-    and each single learner until it has applied LEARNER_MIN_APPLIES (how many merges fit in STEPS steps
-    depends on how fast the syncer runs next to the learners). Returns
+    syncer `s`; the group then trains on, 4 steps at a time, until its leader has applied MIN_APPLIES globals
+    (and in pull rounds answered MIN_PULLS pulls), and each single learner until it has applied
+    LEARNER_MIN_APPLIES (how many merges fit in STEPS steps depends on how fast the syncer runs next to the
+    learners). Returns
     (leader's status, follower's status, the single learners' statuses) once all ended; asserts the two
     ranks' parameters are bit-identical."""
     procs, out = start_group(s.endpoint, directory, tag, STEPS, alpha=0.25, fold_floats=fold_floats,
-                             extra=["--round", round, "--min-applies", str(MIN_APPLIES), "--block", "4"])
+                             extra=["--round", round, "--min-applies", str(MIN_APPLIES), "--block", "4"]
+                             + (["--min-pulls", str(MIN_PULLS)] if round == "pull" else []))
     try:
         results, errors = {}, []
         threads = [threading.Thread(target=single_learner, args=(i, s.endpoint, STEPS, results, errors),
@@ -230,14 +233,15 @@ def test_a_group_in_pull_rounds_answers_pulls_applies_every_h_over_p_steps_and_i
     assert follower["synced_step"] == n == follower["tokens_step"]
     assert leader["tokens"] == 2 * BATCH * n, leader
     # The group answered pulls (its contributions were merged) and sent metadata every step.
-    assert leader["pulls"] >= 20 and leader["sends"] >= 20 and leader["metadata_sent"] >= STEPS, leader
+    assert leader["pulls"] >= MIN_PULLS and leader["sends"] >= MIN_PULLS and leader["metadata_sent"] >= STEPS, leader
     st = s.status()
     others = st["rejected_total"] - st["rejected"]["stale"]
     assert st["joins"] >= 3 and others == 0 and st["merges"] >= 20, st["line"]
     assert all(r["applies"] >= LEARNER_MIN_APPLIES for r in results.values()), results
     final = mse(global_model(s), x_eval, y_eval)
     assert final < bound < initial, (initial, bound, final, st["line"])
-    print(f"group pull test: {leader['applies']} applies by the leader in {n} steps; {st['merges']} merges")
+    print(f"group pull test: {leader['applies']} applies and {leader['pulls']} pulls by the leader in {n} steps; "
+          f"{st['merges']} merges")
 
 
 def test_a_lock_step_group_with_tau_0_applies_each_global_at_its_send_step_on_both_ranks(syncer_of, tmp_path):
