@@ -427,6 +427,7 @@ void BM_LearnerStepNothingDue(benchmark::State& state) {
   ddiloco::InProcessNetwork net(clock);
   auto lt = net.learner(1);
   ddiloco::OuterLoopConfig lc;
+  lc.round = ddiloco::RoundMode::push;
   lc.id = 1;
   lc.sync_every = kP << 16;
   ddiloco::OuterLoop<ddiloco::InProcessLearnerTransport, Flat> outer(plan, lt, lc);
@@ -551,6 +552,7 @@ void BM_LearnerSendPath(benchmark::State& state) {
   tr.codec = C;
   tr.encoding = state.range(1) == 1;
   ddiloco::OuterLoopConfig lc;
+  lc.round = ddiloco::RoundMode::push;
   lc.id = 1;
   lc.sync_every = 1;
   lc.overlap = 0;  // tau < H = 1: every step sends (results never come: the frames are dropped)

@@ -51,6 +51,7 @@ void BM_SyncerRoundFromFrames(benchmark::State& state) {
   const Plan plan = make_plan(specs, 1);
   VirtualClock clock;
   SyncerConfig config;
+  config.round = RoundMode::push;
   config.quorum.min_quorum = m_learners;
   config.quorum.grace = false;
   config.quorum.deadline = std::chrono::hours(1);

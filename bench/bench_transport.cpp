@@ -302,6 +302,7 @@ void BM_SocketToMerge(benchmark::State& state) {
   const ddiloco::Plan plan = ddiloco::make_plan({{"w", n, false}}, 1);
   const ddiloco::SteadyClock clock;
   ddiloco::SyncerConfig sc;
+  sc.round = ddiloco::RoundMode::push;
   sc.quorum.min_quorum = m_learners;
   sc.quorum.grace = false;
   sc.quorum.deadline = std::chrono::hours(1);
@@ -514,6 +515,7 @@ void BM_LearnerStepNothingDueZmq(benchmark::State& state) {
     specs.push_back({name, kN, false});
   }
   LoopbackLearner::Options o;
+  o.syncer.round = o.learner.round = ddiloco::RoundMode::push;  // as bench/python_step.py
   o.learner.sync_every = kP << 16;
   LoopbackLearner l(ddiloco::make_plan(specs, kP), o);
   if (!l.join(state)) return;
@@ -535,6 +537,7 @@ void BM_LearnerStepNothingDueZmq(benchmark::State& state) {
 void BM_LearnerStepFragmentDueZmq(benchmark::State& state) {
   constexpr std::size_t kN = std::size_t{1} << 20;
   LoopbackLearner::Options o;
+  o.syncer.round = o.learner.round = ddiloco::RoundMode::push;  // as bench/python_step.py
   o.syncer.quorum.overlap = 1;
   o.learner.sync_every = 2;
   o.learner.overlap = 1;

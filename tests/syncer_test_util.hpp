@@ -25,13 +25,22 @@ inline constexpr std::uint64_t kSeq0 = std::uint64_t{1} << 32;
 /// the larger tensor alone.
 inline Plan small_plan() { return make_plan({{"w", 4, false}, {"b", 2, false}}, 2); }
 
-/// A syncer configuration that merges once `k` distinct contributions are in
+/// The library's default syncer configuration in push rounds (each learner
+/// sends at its own slots), what the tests of the push state machine use; the
+/// pull-round tests set RoundMode::pull and H themselves.
+inline SyncerConfig push_rounds() {
+  SyncerConfig c;
+  c.round = RoundMode::push;
+  return c;
+}
+
+/// A push-round syncer configuration that merges once `k` distinct contributions are in
 /// (with the grace window only when `grace`), rounds bounded by 10 s, learners
 /// dead after 5 s of silence, and participation scaling off (the merge
 /// arithmetic is exact whoever else is alive; the scaling has its own tests).
 inline SyncerConfig quorum_config(std::size_t k, bool grace = false) {
   using namespace std::chrono_literals;
-  SyncerConfig c;
+  SyncerConfig c = push_rounds();
   c.quorum.min_quorum = k;
   c.quorum.grace = grace;
   c.quorum.deadline = 10s;

@@ -57,6 +57,7 @@ Plan small_plan() { return make_plan({{"w", 4, false}, {"b", 2, false}}, 2); }
 
 SyncerConfig k_of(std::size_t k) {
   SyncerConfig c;
+  c.round = RoundMode::push;
   c.quorum.min_quorum = k;
   c.quorum.grace = false;
   c.quorum.deadline = 10s;

@@ -74,6 +74,8 @@ double distance_to_optimum(std::span<const float> global) {
 
 ClusterConfig decoupled(std::size_t M) {
   ClusterConfig c;
+  c.outer.round = RoundMode::push;
+  c.syncer.round = RoundMode::push;
   c.learners = M;
   c.outer.sync_every = 8;
   c.outer.overlap = 2;

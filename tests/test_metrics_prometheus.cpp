@@ -126,7 +126,7 @@ TEST_CASE("Syncer metrics follow the syncer's status: merges, quorum sizes, reje
 TEST_CASE("A baseline (a syncer restored from a checkpoint) is not counted; what follows is", "[metrics]") {
   VirtualClock clock;
   const Plan plan = two_fragments();
-  SyncerConfig c;
+  SyncerConfig c = test::push_rounds();
   c.quorum.grace = false;
   Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, c);
   Outbox out;
@@ -153,7 +153,8 @@ TEST_CASE("A baseline (a syncer restored from a checkpoint) is not counted; what
 TEST_CASE("The checkpoint age restarts at each checkpoint and checkpoints are counted", "[metrics]") {
   VirtualClock clock;
   const Plan plan = two_fragments();
-  Syncer<> s(plan, std::vector<float>(6, 1.0f), clock);
+  SyncerConfig c = test::push_rounds();
+  Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, c);
   prometheus::Registry registry;
   SyncerMetrics metrics(registry, {.checkpoints = true});
   metrics.update(s.status());
@@ -179,11 +180,12 @@ TEST_CASE("Learner metrics follow the OuterLoop's status, with the learner id as
   const Plan plan = two_fragments();
   InProcessNetwork net(clock);
   InProcessSyncerTransport link(net.syncer());
-  SyncerConfig c;
+  SyncerConfig c = test::push_rounds();
   c.quorum.grace = false;
   Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, c);
   auto lt = net.learner(4);
   OuterLoopConfig oc;
+  oc.round = RoundMode::push;
   oc.id = 4;
   oc.sync_every = 2;
   oc.overlap = 1;
@@ -277,7 +279,7 @@ TEST_CASE("The memory-bound series follow the syncer's join limits and the trans
           "[metrics]") {
   VirtualClock clock;
   const Plan plan = two_fragments();
-  SyncerConfig c;
+  SyncerConfig c = test::push_rounds();
   c.max_learners = 1;
   c.join_burst_per_learner = 1;
   Syncer<WeightedAverage, AverageOnly> syncer(plan, std::vector<float>(6, 1.0f), clock, c);
@@ -417,7 +419,8 @@ TEST_CASE("Pull rounds: unsolicited contributions and step counters capped at th
 TEST_CASE("Push rounds export the pull series at 0 and the round mode push", "[metrics][pull]") {
   VirtualClock clock;
   const Plan plan = two_fragments();
-  Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, SyncerConfig{});
+  SyncerConfig c = test::push_rounds();
+  Syncer<> s(plan, std::vector<float>(6, 1.0f), clock, c);
   prometheus::Registry registry;
   SyncerMetrics metrics(registry, SyncerMetricsOptions{.round = RoundMode::push});
   Outbox out;

@@ -100,6 +100,7 @@ VecParams zero_params() { return {Flat(4, 0.0f), Flat(2, 0.0f), Flat(2, 0.0f)}; 
 
 SyncerConfig one_per_round() {
   SyncerConfig c;
+  c.round = RoundMode::push;
   c.quorum.min_quorum = 1;
   c.quorum.grace = false;
   // Merges here hold one of several joined learners; the hand-computed values
@@ -110,6 +111,7 @@ SyncerConfig one_per_round() {
 
 OuterLoopConfig learner_config(LearnerId id, std::size_t tau, float alpha = 0.0f) {
   OuterLoopConfig c;
+  c.round = RoundMode::push;
   c.id = id;
   c.sync_every = 4;  // H = 4, P = 2: fragment 0 at steps 4, 8, ...; fragment 1 at 2, 6, ...
   c.overlap = tau;
@@ -1453,6 +1455,29 @@ TEST_CASE("Pull rounds: each fragment is pulled at its slot from every learner w
   CHECK(rep.applied == 1);
   CHECK(values(a[kB]) == local_after(kB, 3));
   CHECK(la.status().pulls == 1);
+}
+
+TEST_CASE("Pull rounds are the default: a learner whose config names no round joins a pull syncer, sends metadata "
+          "every step and answers its pull",
+          "[outer_loop][pull]") {
+  CHECK(OuterLoopConfig{}.round == RoundMode::pull);
+  Rig r(1024, {}, pull_config(/*tau=*/1));
+  VecParams a = zero_params();
+  auto ta = r.net.learner(1);
+  OuterLoopConfig c;  // as in the README: an id, H and tau, nothing else
+  c.id = 1;
+  c.sync_every = 4;
+  c.overlap = 1;
+  Outer la(r.plan, ta, c);
+  r.join(la, a);
+  for (int s = 1; s <= 3; ++s) {
+    inner_step(a), la.step(a, 16);
+    r.pump();
+  }
+  CHECK(of_type(r.seen, MessageType::metadata).size() == 3);
+  CHECK(la.status().pulls == 1);
+  REQUIRE(r.contributions().size() == 1);
+  CHECK(r.syncer.status().fragments[1].merges == 1);
 }
 
 TEST_CASE("Pull rounds: with apply_every = 3 a global whose time has come waits for the next multiple of 3, in "

@@ -29,7 +29,7 @@ struct Rig {
   VirtualClock clock;
   Plan plan = small_plan();
   std::vector<float> init = std::vector<float>(6, 1.0f);
-  SyncerConfig config;
+  SyncerConfig config = test::push_rounds();
   Outbox out;
 
   template <class S>
@@ -484,14 +484,23 @@ TEST_CASE("The default syncer merges with token-weighted RDA and steps with Nest
 
 TEST_CASE("Bad syncer configuration is rejected with the field named", "[syncer]") {
   Rig r;
-  SyncerConfig c;
+  SyncerConfig c = test::push_rounds();
   c.max_staleness = 0;
   CHECK_THROWS_WITH((Syncer<>(r.plan, r.init, r.clock, c)), Catch::Contains("max_staleness"));
-  c = SyncerConfig{};
+  c = test::push_rounds();
   c.norm_outlier_factor = 0.5;
   CHECK_THROWS_WITH((Syncer<>(r.plan, r.init, r.clock, c)), Catch::Contains("norm_outlier_factor"));
   std::vector<float> short_init(5, 0.0f);
-  CHECK_THROWS_AS((Syncer<>(r.plan, short_init, r.clock, SyncerConfig{})), ShapeMismatch);
+  c = test::push_rounds();
+  CHECK_THROWS_AS((Syncer<>(r.plan, short_init, r.clock, c)), ShapeMismatch);
+  // The default is pull rounds, which need H: refused naming the field and both fixes.
+  CHECK(SyncerConfig{}.round == RoundMode::pull);
+  CHECK_THROWS_WITH((Syncer<>(r.plan, r.init, r.clock, SyncerConfig{})),
+                    Catch::Contains("round = pull (the default) needs sync_every") &&
+                        Catch::Contains("round = RoundMode::push"));
+  c = SyncerConfig{};
+  c.sync_every = 4;
+  CHECK_NOTHROW(Syncer<>(r.plan, r.init, r.clock, c));
 }
 
 // ---- who receives a merged fragment (SyncerConfig::send_merged_to) ----------
@@ -635,7 +644,7 @@ TEST_CASE("With send_merged_to = contributors a contributor that left before the
 
 TEST_CASE("A send_merged_to outside MergeRecipients is rejected naming the field", "[syncer][recipients]") {
   Rig r;
-  SyncerConfig c;
+  SyncerConfig c = test::push_rounds();
   c.send_merged_to = static_cast<MergeRecipients>(7);
   CHECK_THROWS_WITH((Syncer<>(r.plan, r.init, r.clock, c)), Catch::Contains("send_merged_to"));
   CHECK(to_string(MergeRecipients::contributors) == "contributors");
@@ -678,6 +687,8 @@ TEST_CASE("Lock-step learners make progress when merged fragments go only to con
   auto factory = [](LearnerId, std::uint64_t) { return std::make_unique<PullTrainer>(); };
   auto config = [](std::size_t k) {
     ClusterConfig c;
+    c.outer.round = RoundMode::push;
+    c.syncer.round = RoundMode::push;
     c.learners = 4;
     c.outer.sync_every = 4;
     c.outer.overlap = 1;

@@ -466,6 +466,7 @@ TEST_CASE("OuterLoop declares its tokens per step at join and refuses a step abo
   Syncer<> syncer(plan, std::vector<float>(6, 0.0f), clock, base_config(1));
   auto lt = net.learner(1);
   OuterLoopConfig oc;
+  oc.round = RoundMode::push;
   oc.id = 1;
   oc.sync_every = kH;
   oc.overlap = kTau;

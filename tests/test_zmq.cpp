@@ -44,6 +44,14 @@ bool eventually(const std::function<bool()>& done, Duration limit = 10s) {
   return done();
 }
 
+/// The syncer configuration these transport tests start from: push rounds
+/// (learners send at their own slots, no metadata in between).
+SyncerConfig push_rounds() {
+  SyncerConfig c;
+  c.round = RoundMode::push;
+  return c;
+}
+
 ZmqSyncerConfig plain_syncer() {
   ZmqSyncerConfig c;
   c.bind = "tcp://127.0.0.1:*";
@@ -309,7 +317,7 @@ TEST_CASE("Two learner threads train through a syncer runtime over ZeroMQ", "[zm
   const Plan plan = make_plan({{"w", 64, false}, {"e", 16, true}}, 2);
   std::vector<float> init(80, 0.0f);
   ZmqSyncerTransport link(plain_syncer(), steady);
-  SyncerConfig sc;
+  SyncerConfig sc = push_rounds();
   sc.quorum.min_quorum = 1;
   sc.quorum.cap = 1ms;
   // A learner thread descheduled (ctest -j2 next to compilers) while the other
@@ -328,6 +336,7 @@ TEST_CASE("Two learner threads train through a syncer runtime over ZeroMQ", "[zm
     cfg.error_feedback = true;
     ZmqLearnerTransport t(cfg, steady);
     OuterLoopConfig oc;
+    oc.round = RoundMode::push;
     oc.id = id;
     oc.sync_every = 4;
     oc.overlap = 1;
@@ -385,7 +394,7 @@ struct Served {
   std::unique_ptr<TestSyncer> syncer;
   std::unique_ptr<SyncerRuntime<TestSyncer, ZmqSyncerTransport>> runtime;
 
-  explicit Served(bool curve, SyncerConfig sc = {}) {
+  explicit Served(bool curve, SyncerConfig sc = push_rounds()) {
     ZmqSyncerConfig zc = plain_syncer();
     if (curve) {
       zc.security = ZmqSecurity{};
@@ -414,6 +423,7 @@ struct Served {
 
 OuterLoopConfig quick_join(LearnerId id, std::size_t sync_every = 4, std::size_t overlap = 1) {
   OuterLoopConfig oc;
+  oc.round = RoundMode::push;
   oc.id = id;
   oc.sync_every = sync_every;
   oc.overlap = overlap;
@@ -563,7 +573,7 @@ TEST_CASE("A learner with another plan is refused by the syncer with both plans 
 }
 
 TEST_CASE("A learner with another schedule is refused by a syncer that knows H", "[zmq][diagnosis]") {
-  SyncerConfig sc;
+  SyncerConfig sc = push_rounds();
   sc.sync_every = 4;
   sc.quorum.overlap = 1;
   Served s(false, sc);
@@ -591,7 +601,7 @@ TEST_CASE("A listed key used with another learner id is told which id it belongs
 }
 
 TEST_CASE("Refusals are logged at most refusal_log_burst times per interval; the rest are counted", "[zmq][diagnosis]") {
-  SyncerConfig sc;
+  SyncerConfig sc = push_rounds();
   sc.refusal_log_burst = 3;
   sc.refusal_log_interval = std::chrono::hours(1);
   const Plan plan = make_plan({{"w", 8, false}}, 1);
@@ -611,7 +621,7 @@ TEST_CASE("Refusals are logged at most refusal_log_burst times per interval; the
 
 TEST_CASE("An observer fetches the global state without being counted as a learner, and is rate limited",
           "[zmq][observer]") {
-  SyncerConfig sc;
+  SyncerConfig sc = push_rounds();
   sc.observe_interval = std::chrono::hours(1);  // one answer per id for the whole test
   Served s(true, sc);
   auto cfg = s.learner(50, s.observer, s.server.public_key);
@@ -639,7 +649,7 @@ TEST_CASE("An observer fetches the global state without being counted as a learn
 
 TEST_CASE("fetch_global follows a training learner's merges, and the learner's global view matches the syncer's",
           "[zmq][observer]") {
-  SyncerConfig sc;
+  SyncerConfig sc = push_rounds();
   sc.quorum.min_quorum = 1;
   sc.quorum.cap = 1ms;
   sc.observe_interval = 1ms;

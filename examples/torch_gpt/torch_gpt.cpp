@@ -167,6 +167,8 @@ ddiloco::ClusterConfig cluster_config(Method m, bool failures, const Options& o)
   c.token_budget = static_cast<std::int64_t>(o.learners * o.steps) * o.trainer.batch * o.trainer.model.context;
   if (failures) c.tape = failure_tape(o);
   const bool dp = m == Method::data_parallel;
+  // Push rounds in process (the results in docs/torch.md); a --connect learner uses the syncer's --round.
+  c.outer.round = c.syncer.round = ddiloco::RoundMode::push;
   c.outer.sync_every = dp ? 1 : o.sync_every;
   c.outer.overlap = dp ? 0 : 2;
   c.outer.lock_step = dp;

@@ -99,12 +99,14 @@ struct OuterLoopConfig {
   /// more. 0: not declared (the syncer's --max-tokens-per-step bounds it, if set).
   std::uint64_t tokens_per_step = 0;
   /// Who decides when a fragment is sent (RoundMode; the syncer's --round must
-  /// match, a join is refused otherwise). push: this learner sends fragment p
-  /// at its slots of the schedule. pull: it sends metadata (its step counter
-  /// and tokens) after every step, and fragment p when the syncer pulls it, at
-  /// the next step boundary; the global is applied tau steps after the answer
-  /// (or on arrival, if later; at once if this learner was not pulled).
-  RoundMode round = RoundMode::push;
+  /// match, a join is refused otherwise). pull (the default, the paper's
+  /// round, as in ddiloco_learner and Python): it sends metadata (its step
+  /// counter and tokens) after every step, and fragment p when the syncer
+  /// pulls it, at the next step boundary; the global is applied tau steps
+  /// after the answer (or on arrival, if later; at once if this learner was not
+  /// pulled). push (the earlier protocol, kept for comparison): this learner
+  /// sends fragment p at its slots of the schedule.
+  RoundMode round = RoundMode::pull;
   /// Pull rounds: globals are applied only at steps that are multiples of
   /// this (1: at any step); one whose time has come waits for the next such
   /// step, at most apply_every - 1 steps. What a group learner needs: its ranks

@@ -259,15 +259,18 @@ struct SyncerConfig {
   /// (H, or tau other than quorum.overlap) is refused with JoinRefusal::schedule;
   /// a join that states none (a learner predating the check) is taken. 0: not checked.
   std::size_t sync_every = 0;
-  /// Who decides when a fragment merges (RoundMode). `pull`, the paper's round,
-  /// needs sync_every (H): the syncer keeps the global step t (the furthest any
+  /// Who decides when a fragment merges (RoundMode). `pull`, the paper's round
+  /// and the default (as in ddiloco_syncer and Python), needs sync_every (H;
+  /// a config without it is refused, naming the fix): the syncer keeps the global step t (the furthest any
   /// alive learner has trained, each learner's steps counted from the global
   /// step at its join), opens fragment p's round at the steps where
   /// Schedule(P, H, tau) has p due, waits for the quorum of learners with
   /// progress on p (K, then the grace window), pulls p from each of them and
   /// merges their answers once (docs/algorithm.md, "Round timeline"). A join
-  /// stating another mode is refused (JoinRefusal::round_mode).
-  RoundMode round = RoundMode::push;
+  /// stating another mode is refused (JoinRefusal::round_mode). `push`, the
+  /// earlier protocol kept for comparison: each learner sends at its own slots
+  /// and a fragment merges when K of them have arrived.
+  RoundMode round = RoundMode::pull;
   /// Sharding by fragment (docs/sharding.md): this syncer is shard
   /// `shard_index` of `shard_count` and serves only the fragments
   /// ShardMap(plan, shard_count) gives it; it holds no global, momentum or
@@ -404,8 +407,9 @@ inline void validate(const SyncerConfig& c) {
     throw InvalidArgument(detail::msg("SyncerConfig::round = ", static_cast<int>(c.round),
                                       " is not a RoundMode; use push or pull"));
   if (c.round == RoundMode::pull && c.sync_every == 0)
-    throw InvalidArgument("SyncerConfig::round = pull needs sync_every (H, the learners' --sync-every): the "
-                          "syncer opens each fragment's round at its slot of the schedule");
+    throw InvalidArgument("SyncerConfig::round = pull (the default) needs sync_every (H, the learners' "
+                          "--sync-every): the syncer opens each fragment's round at its slot of the schedule; "
+                          "set sync_every, or round = RoundMode::push");
   if (c.shard_count == 0 || c.shard_count > kMaxShards || c.shard_index >= c.shard_count)
     throw InvalidArgument(detail::msg("SyncerConfig: shard ", c.shard_index, " of ", c.shard_count,
                                       " does not exist; shard_count must be in [1, ", kMaxShards,

@@ -58,4 +58,14 @@ inline ZmqSecurity security_of(const char* who, bool plaintext, const std::strin
   return ZmqSecurity{};
 }
 
+/// "pull" / "push" -> RoundMode; anything else names the value and the choices.
+inline RoundMode round_of(const std::string& round, const char* who) {
+  if (round == "pull") return RoundMode::pull;
+  if (round == "push") return RoundMode::push;
+  throw InvalidArgument(std::string(who) + ": round = '" + round +
+                        "' must be 'pull' (the paper's round: the syncer pulls each fragment once per sync_every "
+                        "global steps) or 'push' (each learner sends at its own slots); the learners and the "
+                        "syncer must agree");
+}
+
 }  // namespace ddiloco::python

@@ -108,23 +108,13 @@ struct LearnerOptions {
   std::string keys;        ///< this learner's key file (CURVE)
   std::string server_key;  ///< the syncer's public key file (CURVE)
   std::string staging = "auto";  ///< auto: host form when every parameter is on the CPU; always: staged form
-  /// "push" or "pull" (RoundMode; the syncer's must match). The core's default is push, the
-  /// mode of a group learner's leader (ddiloco.GroupLearner); ddiloco.Learner defaults to pull.
-  std::string round = "push";
+  /// "pull" or "push" (RoundMode; the syncer's must match), as OuterLoopConfig::round.
+  std::string round = "pull";
   /// OuterLoopConfig::apply_every: pull rounds apply globals only at multiples of this step.
   std::size_t apply_every = 1;
   /// OuterLoopConfig::announce_applies: each apply announced one apply step ahead (a group's leader).
   bool announce_applies = false;
 };
-
-/// "pull" / "push" -> RoundMode; anything else names the value and the choices.
-RoundMode round_of(const std::string& round, const char* who) {
-  if (round == "pull") return RoundMode::pull;
-  if (round == "push") return RoundMode::push;
-  throw InvalidArgument(std::string(who) + ": round = '" + round +
-                        "' must be 'pull' (the paper's round: the syncer pulls each fragment once per sync_every "
-                        "global steps) or 'push' (each learner sends at its own slots); the syncer's must match");
-}
 
 struct StepResult {
   std::optional<std::size_t> sent;  ///< fragment sent at this step

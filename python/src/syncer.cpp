@@ -43,7 +43,7 @@ struct SyncerOptions {
   std::size_t fragments = 4;
   std::size_t overlap = 2;
   std::size_t sync_every = 0;   ///< H the learners must use (0: not checked; pull rounds need it)
-  std::string round = "push";   ///< "push" or "pull" (RoundMode); ddiloco.Syncer defaults to pull
+  std::string round = "pull";   ///< "pull" or "push" (RoundMode), as SyncerConfig::round
   double pull_timeout_s = 0.0;  ///< pull rounds: longest wait for a round's answers (0: derived)
   std::size_t quorum = 1;
   double grace_gamma = 0.3;
@@ -146,12 +146,7 @@ class SyncerCore {
     sc.quorum.deadline = seconds(o.deadline_s, "deadline");
     sc.max_staleness = o.max_staleness;
     sc.sync_every = o.sync_every;
-    if (o.round == "pull") {
-      sc.round = RoundMode::pull;
-    } else if (o.round != "push") {
-      throw InvalidArgument("ddiloco.Syncer: round = '" + o.round +
-                            "' must be 'pull' (the paper's round; needs sync_every) or 'push'");
-    }
+    sc.round = round_of(o.round, "ddiloco.Syncer");
     if (sc.round == RoundMode::pull && o.sync_every == 0)
       throw InvalidArgument("ddiloco.Syncer: round = 'pull' needs sync_every > 0 (the learners' sync_every: each "
                             "fragment's round opens at its slot of the schedule); pass sync_every=, or round='push'");

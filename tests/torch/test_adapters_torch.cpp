@@ -76,6 +76,7 @@ void inner_step(std::vector<torch::Tensor>& params) {
 
 SyncerConfig one_per_round() {
   SyncerConfig c;
+  c.round = RoundMode::push;
   c.quorum.min_quorum = 1;
   c.quorum.grace = false;
   c.participation_scaling = false;
@@ -84,6 +85,7 @@ SyncerConfig one_per_round() {
 
 OuterLoopConfig learner_config(LearnerId id) {
   OuterLoopConfig c;
+  c.round = RoundMode::push;
   c.id = id;
   c.sync_every = 4;  // H = 4, P = 2: fragment 1 sent at steps 2, 6; fragment 0 at 4, 8
   c.overlap = 1;
