@@ -93,6 +93,57 @@ TEST_CASE("A learner's message reaches the syncer over loopback and the syncer's
   CHECK(*back->payload == std::vector<float>{1.0f, -2.0f, 3.5f});
 }
 
+TEST_CASE("After an empty try_receive() the learner's socket is asked again only after receive_poll_interval; "
+          "receive_until() and a poll that saw a frame take it at once",
+          "[zmq]") {
+  ZmqSyncerTransport syncer(plain_syncer(), steady);
+  auto cfg = plain_learner(syncer.endpoint(), 3);
+  cfg.receive_poll_interval = std::chrono::hours(1);  // nothing but the two paths below can reach the socket
+  ZmqLearnerTransport learner(cfg, steady);
+  REQUIRE(learner.send(join_message(3)));
+  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+  const auto reply = [&](std::uint64_t version) {
+    Message m;
+    m.type = MessageType::global_fragment;
+    m.fingerprint = 7;
+    m.learner = 3;
+    m.version = version;
+    m.payload = make_payload({1.0f});
+    REQUIRE(syncer.send_to(3, std::move(m)));
+  };
+  CHECK_FALSE(learner.try_receive().has_value());  // empty: the next hour's calls do not ask the socket
+  reply(1);
+  // Wait until the frame is in the learner's socket (poll_items + wait_any, without after_poll).
+  zmq_pollitem_t items[2];
+  const auto deadline = steady.now() + 10s;
+  for (;;) {
+    learner.poll_items(items);
+    ZmqLearnerTransport::wait_any(items, 2, 100ms);
+    if ((items[0].revents & ZMQ_POLLIN) != 0 || steady.now() > deadline) break;
+  }
+  REQUIRE((items[0].revents & ZMQ_POLLIN) != 0);
+  CHECK_FALSE(learner.try_receive().has_value());  // there, but not asked for
+  const auto got = learner.receive_until(steady.now() + 10s);  // receive_until always asks
+  REQUIRE(got.has_value());
+  CHECK(got->version == 1);
+  CHECK_FALSE(learner.try_receive().has_value());
+  reply(2);
+  for (;;) {
+    learner.poll_items(items);
+    ZmqLearnerTransport::wait_any(items, 2, 100ms);
+    if ((items[0].revents & ZMQ_POLLIN) != 0 || steady.now() > deadline) break;
+  }
+  REQUIRE((items[0].revents & ZMQ_POLLIN) != 0);
+  learner.after_poll(items);  // a poll that saw a frame: the next try_receive() asks
+  const auto second = learner.try_receive();
+  REQUIRE(second.has_value());
+  CHECK(second->version == 2);
+
+  auto bad = plain_learner(syncer.endpoint(), 4);
+  bad.receive_poll_interval = -std::chrono::microseconds(1);
+  CHECK_THROWS_WITH(ZmqLearnerTransport(bad, steady), Catch::Contains("receive_poll_interval = -1000 ns is negative"));
+}
+
 TEST_CASE("Contributions are sent with the configured codec and decoded into fp32 by the syncer", "[zmq]") {
   ZmqSyncerTransport syncer(plain_syncer(), steady);
   auto cfg = plain_learner(syncer.endpoint(), 1);

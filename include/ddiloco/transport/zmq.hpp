@@ -1410,6 +1410,13 @@ struct ZmqLearnerConfig {
   /// (ZeroMQ reconnects). 0: header + fp32 of limits.max_elements;
   /// size_for_plan() sets the largest global fragment of the plan.
   std::size_t max_message_size = 0;
+  /// try_receive() asks the socket at most this often once it found nothing
+  /// (wall time): an empty non-blocking receive costs libzmq a system call
+  /// (the poll of its command mailbox), about 1 us, which a training loop
+  /// stepping in microseconds would pay at every step. A message that arrives
+  /// meanwhile is taken by the first try_receive() after the interval, or at
+  /// once by receive_until(). 0: ask at every call.
+  Duration receive_poll_interval = std::chrono::microseconds(20);
 };
 
 /// Sizes the receive limits of a learner's `config` from `plan`: the largest
@@ -1433,6 +1440,10 @@ class ZmqLearnerTransport {
       detail::set_int(dealer_, ZMQ_SNDHWM, config_.send_hwm, "ZMQ_SNDHWM");
       detail::set_int(dealer_, ZMQ_RCVHWM, config_.recv_hwm, "ZMQ_RCVHWM");
       detail::set_int(dealer_, ZMQ_LINGER, 0, "ZMQ_LINGER");
+      if (config_.receive_poll_interval < Duration::zero())
+        throw InvalidArgument(detail::msg("ZmqLearnerConfig::receive_poll_interval = ",
+                                          config_.receive_poll_interval.count(),
+                                          " ns is negative; use 0 to ask the socket at every try_receive()"));
       if (config_.max_message_size != 0 && config_.max_message_size < kFrameHeaderSize)
         throw InvalidArgument(detail::msg("ZmqLearnerConfig::max_message_size = ", config_.max_message_size,
                                           " is below a frame header (", kFrameHeaderSize,
@@ -1531,7 +1542,16 @@ class ZmqLearnerTransport {
     return true;
   }
 
-  std::optional<Message> try_receive() { return receive(0); }
+  /// A frame if one is here, without blocking; after an empty receive the
+  /// socket is asked again only once receive_poll_interval has passed.
+  std::optional<Message> try_receive() {
+    if (config_.receive_poll_interval == Duration::zero()) return receive(0);
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_receive_) return std::nullopt;
+    auto m = receive(0);
+    if (!m) next_receive_ = now + config_.receive_poll_interval;
+    return m;
+  }
 
   std::optional<Message> receive_until(TimePoint deadline) {
     for (;;) {
@@ -1557,6 +1577,7 @@ class ZmqLearnerTransport {
     two[1] = {monitor_, 0, ZMQ_POLLIN, 0};
   }
   void after_poll(const zmq_pollitem_t* two) {
+    if (two[0].revents & ZMQ_POLLIN) next_receive_ = {};  // a frame is here: the next try_receive() takes it
     if (two[1].revents & ZMQ_POLLIN) drain_monitor();
   }
   static void wait_any(zmq_pollitem_t* items, std::size_t n, Duration wait) {
@@ -1739,6 +1760,7 @@ class ZmqLearnerTransport {
   std::optional<ErrorFeedbackEncoder> feedback_;
   detail::LendingFramer framer_;
   ZmqCounters counters_{};
+  std::chrono::steady_clock::time_point next_receive_{};  ///< try_receive(): the socket is not asked before
 };
 
 // ---- the global-model view ------------------------------------------------
