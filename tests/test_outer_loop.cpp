@@ -1480,6 +1480,76 @@ TEST_CASE("Pull rounds are the default: a learner whose config names no round jo
   CHECK(r.syncer.status().fragments[1].merges == 1);
 }
 
+TEST_CASE("prepare_step() names exactly the fragments the next step reads or writes, and that step does not drain "
+          "again",
+          "[outer_loop][pull]") {
+  using Frags = std::vector<std::size_t>;
+  SECTION("pull rounds: a pull to answer, then the global to apply; nothing between") {
+    Rig r(1024, {}, pull_config(/*tau=*/1));
+    VecParams a = zero_params(), b = zero_params();
+    auto ta = r.net.learner(1), tb = r.net.learner(2);
+    Outer la(r.plan, ta, pull_learner(1, 1)), lb(r.plan, tb, pull_learner(2, 1));
+    r.join(la, a);
+    r.join(lb, b);
+    CHECK_THROWS_AS(Outer(r.plan, ta, pull_learner(1, 1)).prepare_step(), StateError);  // before join
+    for (int s = 1; s <= 2; ++s) {
+      CHECK(la.prepare_step() == Frags{});
+      inner_step(a), la.step(a, 16);
+      inner_step(b), lb.step(b, 16);
+      r.pump();  // global step 2: fragment 1 is pulled from both
+    }
+    CHECK(la.prepare_step() == Frags{1});  // the pull, answered by this step
+    inner_step(a);
+    CHECK(la.step(a, 16).sent == std::optional<std::size_t>{1});
+    inner_step(b), lb.step(b, 16);
+    r.pump();  // both answers in: merged, the global sent
+    CHECK(la.prepare_step() == Frags{1});  // answer (step 3) + tau: applied by step 4
+    inner_step(a);
+    CHECK(la.step(a, 16).applied == 1);
+    CHECK(la.prepare_step() == Frags{});
+    inner_step(a);
+    const auto quiet = la.step(a, 16);
+    CHECK((!quiet.sent && quiet.applied == 0));
+  }
+  SECTION("a message that arrives between prepare_step() and step() waits for the step after") {
+    Rig r(1024, {}, pull_config(/*tau=*/1));
+    VecParams a = zero_params();
+    auto ta = r.net.learner(1);
+    Outer la(r.plan, ta, pull_learner(1, 1));
+    r.join(la, a);
+    for (int s = 1; s <= 2; ++s) {
+      inner_step(a), la.step(a, 16);
+      if (s == 1) r.pump();
+    }
+    CHECK(la.prepare_step() == Frags{});  // step 2's metadata has not reached the syncer yet
+    r.pump();                             // it has now: fragment 1's round opens, its pull is delivered
+    REQUIRE(r.syncer.status().pulls_sent == 1);
+    inner_step(a);
+    CHECK_FALSE(la.step(a, 16).sent.has_value());  // prepared without the pull: not taken by this step
+    CHECK(la.status().pulls == 0);
+    CHECK(la.prepare_step() == Frags{1});
+    inner_step(a);
+    CHECK(la.step(a, 16).sent == std::optional<std::size_t>{1});
+    CHECK(la.status().pulls == 1);
+  }
+  SECTION("push rounds: the fragment due at the next step and those awaiting their global") {
+    Rig r;
+    auto lt = r.net.learner(1);
+    Outer outer(r.plan, lt, learner_config(1, /*tau=*/2));
+    VecParams params = zero_params();
+    r.join(outer, params);
+    // H = 4, P = 2: fragment 1 due at 2, fragment 0 at 4; tau = 2.
+    const std::vector<Frags> expect = {{}, {}, {1}, {1}, {0, 1}, {0}, {0, 1}};
+    for (std::uint64_t t = 1; t <= 6; ++t) {
+      INFO("step " << t);
+      CHECK(outer.prepare_step() == expect[t]);
+      inner_step(params);
+      outer.step(params, 1);
+      r.pump();
+    }
+  }
+}
+
 TEST_CASE("Pull rounds: with apply_every = 3 a global whose time has come waits for the next multiple of 3, in "
           "step() and in poll(); push rounds refuse apply_every",
           "[outer_loop][pull]") {

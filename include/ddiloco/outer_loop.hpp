@@ -372,6 +372,35 @@ class OuterLoop {
     return true;
   }
 
+  /// For a driver that prepares the tensors a step touches (the Python
+  /// binding checks each one's storage, dtype and size, a few attribute reads
+  /// a tensor): takes what the transport has now, as step() does first, and
+  /// returns the fragments the next step() may read or write, in increasing
+  /// order (push rounds: the fragment due at that step and those awaiting
+  /// their global; pull rounds: the pulls to answer and the globals to apply
+  /// or announce). That step() does not drain the transport again: what
+  /// arrives in between is taken by the step after it. The list is this
+  /// loop's, valid until the next call.
+  const std::vector<std::size_t>& prepare_step() {
+    if (!joined_) throw StateError("OuterLoop::prepare_step() called before join(); call join(params) first");
+    check_transport();
+    drain();
+    prepared_ = true;
+    touched_.clear();
+    if (config_.round == RoundMode::pull) {
+      if (!rejoining_) touched_.insert(touched_.end(), pulls_.begin(), pulls_.end());
+      touched_.insert(touched_.end(), arrived_.begin(), arrived_.end());
+      for (std::size_t p = 0; p < frags_.size(); ++p)
+        if (frags_[p].announced) touched_.push_back(p);
+    } else if (auto p = schedule_.due_at(step_ + 1); p && !rejoining_) {
+      touched_.push_back(*p);
+    }
+    touched_.insert(touched_.end(), pending_.begin(), pending_.end());
+    std::sort(touched_.begin(), touched_.end());
+    touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
+    return touched_;
+  }
+
   /// Call once after every inner step. Never blocks on the network unless
   /// lock-step mode is on. `tokens`: tokens processed by this inner step
   /// (batch x sequence length), > 0.
@@ -397,7 +426,11 @@ class OuterLoop {
     status_.step = step_;
     status_.tokens = tokens_total_;
     StepReport report;
-    drain();
+    if (prepared_) {
+      prepared_ = false;  // prepare_step() drained the transport
+    } else {
+      drain();
+    }
     maybe_resend_rejoin();
     // Send before applying: with tau = 0 the fragment sent at this step is
     // also the one applied at this step (synchronous DiLoCo / data-parallel);
@@ -1056,6 +1089,8 @@ class OuterLoop {
   std::vector<std::size_t> pending_;  ///< fragments sent and awaiting their result
   std::vector<std::size_t> pulls_;    ///< pull rounds: fragments the syncer pulled, not yet answered
   std::vector<std::size_t> arrived_;  ///< pull rounds: fragments whose newer global came since the last step
+  std::vector<std::size_t> touched_;  ///< prepare_step(): the fragments the next step may touch
+  bool prepared_ = false;             ///< prepare_step() has drained the transport for the next step
   std::vector<float> local_;
   FragmentApplier<T> applier_;
   std::shared_ptr<std::byte[]> encoded_buffer_;  ///< the last encoded contribution (see encode_outer_gradient)

@@ -157,6 +157,7 @@ class LoopBase {
   virtual ~LoopBase() = default;
   virtual void join() = 0;                       // GIL released by the caller
   virtual StepReport step(std::int64_t tokens) = 0;
+  virtual const std::vector<std::size_t>& prepare_step() = 0;  // OuterLoop::prepare_step
   virtual void leave() = 0;
   virtual void set_data(std::size_t t, std::uintptr_t data) = 0;  // a host tensor's storage moved
   [[nodiscard]] virtual bool joined() const = 0;
@@ -171,6 +172,7 @@ class Loop final : public LoopBase {
       : params_(std::move(params)), outer_(plan, link, config) {}
   void join() override { outer_.join(params_); }
   StepReport step(std::int64_t tokens) override { return outer_.step(params_, tokens); }
+  const std::vector<std::size_t>& prepare_step() override { return outer_.prepare_step(); }
   void leave() override { outer_.leave(); }
   void set_data(std::size_t t, std::uintptr_t data) override {
     if constexpr (std::is_same_v<T, std::span<float>>)
@@ -382,7 +384,6 @@ class LearnerCore {
       loop_ = std::make_unique<Loop<std::span<float>>>(*plan_, *link_, lc, std::move(v));
     }
     schedule_.emplace(plan_->num_fragments(), o.sync_every, o.overlap);
-    sent_at_.assign(plan_->num_fragments(), kNone);
   }
 
   void join() {
@@ -395,8 +396,6 @@ class LearnerCore {
                                        options_.plaintext ? "plaintext" : "CURVE",
                                        "; the syncer must use the same)"));
     }
-    std::fill(sent_at_.begin(), sent_at_.end(), kNone);
-    pending_.clear();
   }
 
   /// step() as Python sees it: a step that sent, applied and waited for nothing
@@ -412,18 +411,12 @@ class LearnerCore {
 
   StepResult step(std::int64_t tokens) {
     check(loop_ != nullptr, "step");
-    const std::uint64_t t = loop_->status().step + 1;
-    // The tensors this step may touch: the fragment due now, and every fragment
-    // sent and awaiting its result once its apply step has come.
-    if (loop_->joined() && pull_) {
-      // Pull rounds: any step may answer a pull or apply a global that came;
-      // which ones is the OuterLoop's to know, so every tensor is checked.
-      for (std::size_t p = 0; p < plan_->num_fragments(); ++p) check_fragment(p);
-    } else if (loop_->joined()) {
-      if (auto due = schedule_->due_at(t)) check_fragment(*due);
-      for (std::size_t p : pending_)
-        if (t >= sent_at_[p] + options_.overlap) check_fragment(p);
-    }
+    // The tensors this step may touch, checked (and followed, if their storage
+    // moved) before it reads or writes them: the OuterLoop names their
+    // fragments once it has taken what the network brought (a pull to answer,
+    // a global to apply); every other tensor is left unread.
+    if (loop_->joined())
+      for (std::size_t p : loop_->prepare_step()) check_fragment(p);
     StepReport r;
     if (options_.lock_step) {
       py::gil_scoped_release release;
@@ -449,15 +442,7 @@ class LearnerCore {
     };
     keep(last_applied_, std::move(r.applied_fragments), out.applied, out.versions);
     keep(last_announced_, std::move(r.announced), out.announced, out.announced_versions);
-    for (const AppliedFragment& a : last_applied_) {
-      sent_at_[a.fragment] = kNone;
-      pending_.erase(std::remove(pending_.begin(), pending_.end(), a.fragment), pending_.end());
-    }
-    if (r.sent) {
-      out.sent = *r.sent;
-      if (sent_at_[*r.sent] == kNone) pending_.push_back(*r.sent);
-      sent_at_[*r.sent] = t;
-    }
+    out.sent = r.sent;
     return out;
   }
 
@@ -532,8 +517,6 @@ class LearnerCore {
   }
 
  private:
-  static constexpr std::uint64_t kNone = ~std::uint64_t{0};
-
   std::uint64_t copy_global(const std::vector<AppliedFragment>& list, std::size_t fragment, py::buffer out,
                             const char* what, const char* did) const {
     check(loop_ != nullptr, what);
@@ -583,8 +566,6 @@ class LearnerCore {
   std::unique_ptr<LearnerLink> link_;
   std::unique_ptr<LoopBase> loop_;
   std::optional<Schedule> schedule_;
-  std::vector<std::uint64_t> sent_at_;  ///< per fragment: step of the send awaiting its result, kNone if none
-  std::vector<std::size_t> pending_;    ///< fragments sent and awaiting their result
   std::vector<AppliedFragment> last_announced_;  ///< the globals the last step announced (announce_applies)
   std::vector<AppliedFragment> last_applied_;  ///< the globals the last step applied (shared payloads)
   py::object nothing_;                  ///< the shared report of a step that did nothing

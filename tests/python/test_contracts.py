@@ -1,5 +1,6 @@
 """API contracts: every misuse is a ddiloco exception whose message names the value and the fix."""
 import re
+import time
 
 import pytest
 import torch
@@ -30,25 +31,39 @@ def test_a_non_contiguous_parameter_is_refused_naming_it_and_the_fix():
         learner([("w", w)])
 
 
-def test_a_parameter_resized_after_join_fails_at_its_next_step_naming_it(tiny, syncer_of):
-    s = syncer_of(tiny, fragments=3, sync_every=3, overlap=1)
-    ln = learner(tiny, endpoint=s.endpoint, fragments=3, sync_every=3, overlap=1).join()
+def step_until_it_raises(ln):
+    """Steps until the step that reads or writes the changed parameter raises. Push rounds: within
+    one period (3 steps) every fragment is due once. Pull rounds: its fragment's first pull, which
+    comes once the syncer has seen this learner's metadata (bounded by a deadline, not a count)."""
+    if ln.status()["round"] == "push":
+        for _ in range(3):
+            ln.step(1)
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ln.step(1)
+    raise AssertionError(f"no step raised within 30 s: {ln.status()}")
+
+
+@pytest.mark.parametrize("round", ["push", "pull"])
+def test_a_parameter_resized_after_join_fails_at_the_step_that_touches_it_naming_it(tiny, syncer_of, round):
+    s = syncer_of(tiny, fragments=3, sync_every=3, overlap=1, round=round)
+    ln = learner(tiny, endpoint=s.endpoint, fragments=3, sync_every=3, overlap=1, round=round).join()
     with torch.no_grad():
         tiny.hidden.bias.data = torch.zeros(9)
     with pytest.raises(ddiloco.ShapeMismatch, match=r"parameter 'hidden.bias' has 9 elements \(shape \[9\]\) but had 8 "
                                                     r"when the Learner was created.*resize parameters before"):
-        for _ in range(3):  # within one period every fragment is due once
-            ln.step(1)
+        step_until_it_raises(ln)
     ln.close()
 
 
-def test_a_parameter_converted_after_join_fails_at_its_next_step(tiny, syncer_of):
-    s = syncer_of(tiny, fragments=3, sync_every=3, overlap=1)
-    ln = learner(tiny, endpoint=s.endpoint, fragments=3, sync_every=3, overlap=1).join()
+@pytest.mark.parametrize("round", ["push", "pull"])
+def test_a_parameter_converted_after_join_fails_at_the_step_that_touches_it(tiny, syncer_of, round):
+    s = syncer_of(tiny, fragments=3, sync_every=3, overlap=1, round=round)
+    ln = learner(tiny, endpoint=s.endpoint, fragments=3, sync_every=3, overlap=1, round=round).join()
     tiny.head.to(torch.bfloat16)
     with pytest.raises(ddiloco.InvalidArgument, match=r"'head.(weight|bias)'.*torch.bfloat16.*model.float\(\)"):
-        for _ in range(3):
-            ln.step(1)
+        step_until_it_raises(ln)
     ln.close()
 
 
