@@ -16,7 +16,8 @@
 // the syncer as ddiloco_syncer runs it, one merge round per iteration.
 // BM_LearnerStepNothingDueZmq: OuterLoop::step with nothing due over a real
 // ZmqLearnerTransport joined to a Syncer served on loopback, the setting of
-// bench/python_step.py's Python Learner.step() (which drives this same OuterLoop).
+// bench/python_step.py's Python Learner.step() (which drives this same OuterLoop);
+// BM_LearnerStepNothingPulledZmq: the same in pull rounds (a metadata send a step).
 // BM_LearnerStepFragmentDueZmq: the same over one 2^20-float fragment with
 // P = 1, H = 2, tau = 1, a pair of steps (one send, one apply if arrived) per
 // iteration: python_step.py's due case.
@@ -505,8 +506,11 @@ struct LoopbackLearner {
 /// fragments of one 1024-float tensor each, H = 24 x 2^16, so no send happens
 /// for 2^16 steps, in the LoopbackLearner setting. What a step costs here: the
 /// transport's non-blocking drain and the schedule check. Its Python twin is
-/// bench/python_step.py (the same setting through the binding).
-void BM_LearnerStepNothingDueZmq(benchmark::State& state) {
+/// bench/python_step.py (the same setting through the binding). Pull rounds
+/// (BM_LearnerStepNothingPulledZmq): the same, nothing pulled (each
+/// fragment's first round opens after 2^16 global steps), and every step
+/// sends the learner's metadata frame through ZeroMQ.
+void learner_step_nothing_due(benchmark::State& state, ddiloco::RoundMode round) {
   constexpr std::size_t kP = 24, kN = 1024;
   std::vector<ddiloco::TensorSpec> specs;
   for (std::size_t t = 0; t < kP; ++t) {
@@ -515,17 +519,28 @@ void BM_LearnerStepNothingDueZmq(benchmark::State& state) {
     specs.push_back({name, kN, false});
   }
   LoopbackLearner::Options o;
-  o.syncer.round = o.learner.round = ddiloco::RoundMode::push;  // as bench/python_step.py
+  o.syncer.round = o.learner.round = round;
   o.learner.sync_every = kP << 16;
+  if (round == ddiloco::RoundMode::pull) o.syncer.sync_every = o.learner.sync_every;
   LoopbackLearner l(ddiloco::make_plan(specs, kP), o);
   if (!l.join(state)) return;
   std::size_t sent = 0;
+  const std::uint64_t metadata = l.outer.status().metadata_sent;
   for (auto _ : state) {
     const auto report = l.outer.step(l.params, 1);
     sent += report.sent ? 1 : 0;
   }
   state.counters["sent"] = static_cast<double>(sent);
+  state.counters["metadata"] = static_cast<double>(l.outer.status().metadata_sent - metadata);
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
+void BM_LearnerStepNothingDueZmq(benchmark::State& state) {
+  learner_step_nothing_due(state, ddiloco::RoundMode::push);  // as bench/python_step.py's first case
+}
+
+void BM_LearnerStepNothingPulledZmq(benchmark::State& state) {
+  learner_step_nothing_due(state, ddiloco::RoundMode::pull);
 }
 
 /// Decoupled DiLoCo's due case, the C++ twin of bench/python_step.py's `due`:
@@ -579,6 +594,7 @@ BENCHMARK(BM_SocketToMerge)->Args({22, 8})->Args({24, 8})->UseRealTime()->Unit(b
 
 // 60000 steps, 15 repetitions: the median is what bench/python_step.py compares with.
 BENCHMARK(BM_LearnerStepNothingDueZmq)->Iterations(60000)->Repetitions(15)->Unit(benchmark::kNanosecond);
+BENCHMARK(BM_LearnerStepNothingPulledZmq)->Iterations(60000)->Repetitions(15)->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_LearnerStepFragmentDueZmq)->Iterations(10)->Repetitions(15)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

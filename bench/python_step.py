@@ -15,6 +15,8 @@ transport (no ZeroMQ drain).
 nothing due: P = 24 fragments of 24 tensors of 1024 floats, H = 24 * 2^16 (no
 send for 2^16 steps), over a real Syncer on loopback ZeroMQ: the same setting as
 the C++ BM_LearnerStepNothingDue. Prints the median per call over 15 batches.
+The same in pull rounds (the default): nothing is pulled, each step sends the
+learner's metadata (step counter and tokens) to the syncer.
 due: one fragment of `--due-floats` floats (P = 1, H = 2, tau = 1): every
 other step sends it (fp32, encoded into the ZeroMQ frame) and the steps between
 apply the merged global if it has arrived (never waiting); the median per pair
@@ -52,13 +54,19 @@ def per_call(fn, calls, batches=15, cpu=None):
     return statistics.median(times), min(times)
 
 
-def nothing_due(cpu=None):
+def nothing_due(cpu=None, round="push"):
+    """push: nothing is due for 2^16 steps. pull: nothing is pulled (the first round of each
+    fragment opens only after 2^16 global steps), and every step sends its metadata."""
     params = [(f"t{i}", torch.zeros(1024)) for i in range(24)]
-    with ddiloco.Syncer(params, plaintext=True, fragments=24, round="push", sync_every=0) as s:  # push rounds
+    with ddiloco.Syncer(params, plaintext=True, fragments=24, round=round,
+                        sync_every=0 if round == "push" else 24 << 16) as s:
         with ddiloco.Learner(params, endpoint=s.endpoint, id=1, plaintext=True, fragments=24,
-                             sync_every=24 << 16, round="push") as ln:
+                             sync_every=24 << 16, round=round) as ln:
             med, best = per_call(lambda: ln.step(1), 4000, cpu=cpu)
-            assert ln.status()["sends"] == 0
+            st = ln.status()
+            assert st["sends"] == 0, st
+            if round == "pull":
+                assert st["metadata_sent"] >= 15 * 4000, st
     return med, best
 
 
@@ -133,6 +141,11 @@ def main():
     figures.update(python_median_ns=med, python_best_ns=best, python_cpu_median_ns=cpu[0])
     print(f"step() nothing due (24 fragments x 24 tensors): median {med / 1000:.3f} us, "
           f"best batch {best / 1000:.3f} us, CPU {cpu[0]:.0f} ns")
+    pull_cpu = []
+    pull_med, pull_best = nothing_due(pull_cpu, round="pull")
+    figures.update(python_pull_median_ns=pull_med, python_pull_best_ns=pull_best, python_pull_cpu_median_ns=pull_cpu[0])
+    print(f"step() in pull rounds, nothing pulled (the same tensors; the step's metadata sent): median "
+          f"{pull_med / 1000:.3f} us, best batch {pull_best / 1000:.3f} us, CPU {pull_cpu[0]:.0f} ns")
     loop_med, _ = per_call(lambda: None, 4000)
     print(f"  (an empty Python lambda call: {loop_med / 1000:.3f} us)")
     params = [("w", torch.zeros(8))]
