@@ -17,7 +17,8 @@
 // BM_LearnerStepNothingDueZmq: OuterLoop::step with nothing due over a real
 // ZmqLearnerTransport joined to a Syncer served on loopback, the setting of
 // bench/python_step.py's Python Learner.step() (which drives this same OuterLoop);
-// BM_LearnerStepNothingPulledZmq: the same in pull rounds (a metadata send a step).
+// BM_LearnerStepNothingPulledZmq: the same in pull rounds (a metadata send a
+// step: /0 every one through ZeroMQ, /1 coalesced, the default).
 // BM_LearnerStepFragmentDueZmq: the same over one 2^20-float fragment with
 // P = 1, H = 2, tau = 1, a pair of steps (one send, one apply if arrived) per
 // iteration: python_step.py's due case.
@@ -428,6 +429,8 @@ struct LoopbackLearner {
     /// size_for_plan on both sides, the syncer keeping contributions in their
     /// wire encoding, the learner sending fp32 (the Python binding's settings).
     bool sized = false;
+    /// ZmqLearnerConfig::metadata_interval (pull rounds' metadata coalescing).
+    ddiloco::Duration metadata_interval = ddiloco::ZmqLearnerConfig{}.metadata_interval;
   };
 
   ddiloco::Plan plan;
@@ -490,6 +493,7 @@ struct LoopbackLearner {
     lcz.connect = endpoint;
     lcz.id = 1;
     lcz.security = ddiloco::ZmqSecurity::plaintext();
+    lcz.metadata_interval = o.metadata_interval;
     if (o.sized) {
       lcz.codec = ddiloco::Codec::fp32;
       ddiloco::size_for_plan(lcz, plan);
@@ -509,8 +513,11 @@ struct LoopbackLearner {
 /// bench/python_step.py (the same setting through the binding). Pull rounds
 /// (BM_LearnerStepNothingPulledZmq): the same, nothing pulled (each
 /// fragment's first round opens after 2^16 global steps), and every step
-/// sends the learner's metadata frame through ZeroMQ.
-void learner_step_nothing_due(benchmark::State& state, ddiloco::RoundMode round) {
+/// hands the learner's metadata to the transport: /0 sends every step's frame
+/// through ZeroMQ (metadata_interval 0), /1 coalesces them (the default 1 ms;
+/// the counter `frames` says how many went out).
+void learner_step_nothing_due(benchmark::State& state, ddiloco::RoundMode round,
+                              ddiloco::Duration metadata_interval = ddiloco::ZmqLearnerConfig{}.metadata_interval) {
   constexpr std::size_t kP = 24, kN = 1024;
   std::vector<ddiloco::TensorSpec> specs;
   for (std::size_t t = 0; t < kP; ++t) {
@@ -521,17 +528,20 @@ void learner_step_nothing_due(benchmark::State& state, ddiloco::RoundMode round)
   LoopbackLearner::Options o;
   o.syncer.round = o.learner.round = round;
   o.learner.sync_every = kP << 16;
+  o.metadata_interval = metadata_interval;
   if (round == ddiloco::RoundMode::pull) o.syncer.sync_every = o.learner.sync_every;
   LoopbackLearner l(ddiloco::make_plan(specs, kP), o);
   if (!l.join(state)) return;
   std::size_t sent = 0;
   const std::uint64_t metadata = l.outer.status().metadata_sent;
+  const std::uint64_t frames = l.link.counters().frames_out;
   for (auto _ : state) {
     const auto report = l.outer.step(l.params, 1);
     sent += report.sent ? 1 : 0;
   }
   state.counters["sent"] = static_cast<double>(sent);
   state.counters["metadata"] = static_cast<double>(l.outer.status().metadata_sent - metadata);
+  state.counters["frames"] = static_cast<double>(l.link.counters().frames_out - frames);
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
 }
 
@@ -540,7 +550,8 @@ void BM_LearnerStepNothingDueZmq(benchmark::State& state) {
 }
 
 void BM_LearnerStepNothingPulledZmq(benchmark::State& state) {
-  learner_step_nothing_due(state, ddiloco::RoundMode::pull);
+  learner_step_nothing_due(state, ddiloco::RoundMode::pull,
+                           state.range(0) == 0 ? ddiloco::Duration::zero() : ddiloco::ZmqLearnerConfig{}.metadata_interval);
 }
 
 /// Decoupled DiLoCo's due case, the C++ twin of bench/python_step.py's `due`:
@@ -594,7 +605,7 @@ BENCHMARK(BM_SocketToMerge)->Args({22, 8})->Args({24, 8})->UseRealTime()->Unit(b
 
 // 60000 steps, 15 repetitions: the median is what bench/python_step.py compares with.
 BENCHMARK(BM_LearnerStepNothingDueZmq)->Iterations(60000)->Repetitions(15)->Unit(benchmark::kNanosecond);
-BENCHMARK(BM_LearnerStepNothingPulledZmq)->Iterations(60000)->Repetitions(15)->Unit(benchmark::kNanosecond);
+BENCHMARK(BM_LearnerStepNothingPulledZmq)->Arg(0)->Arg(1)->Iterations(60000)->Repetitions(15)->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_LearnerStepFragmentDueZmq)->Iterations(10)->Repetitions(15)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

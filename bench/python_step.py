@@ -15,8 +15,9 @@ transport (no ZeroMQ drain).
 nothing due: P = 24 fragments of 24 tensors of 1024 floats, H = 24 * 2^16 (no
 send for 2^16 steps), over a real Syncer on loopback ZeroMQ: the same setting as
 the C++ BM_LearnerStepNothingDue. Prints the median per call over 15 batches.
-The same in pull rounds (the default): nothing is pulled, each step sends the
-learner's metadata (step counter and tokens) to the syncer.
+The same in pull rounds (the default): nothing is pulled, each step hands the
+learner's metadata (step counter and tokens) to the transport, which coalesces
+them (at most one frame a millisecond); then with every step's sent.
 due: one fragment of `--due-floats` floats (P = 1, H = 2, tau = 1): every
 other step sends it (fp32, encoded into the ZeroMQ frame) and the steps between
 apply the merged global if it has arrived (never waiting); the median per pair
@@ -54,14 +55,15 @@ def per_call(fn, calls, batches=15, cpu=None):
     return statistics.median(times), min(times)
 
 
-def nothing_due(cpu=None, round="push"):
+def nothing_due(cpu=None, round="push", metadata_interval=0.001):
     """push: nothing is due for 2^16 steps. pull: nothing is pulled (the first round of each
-    fragment opens only after 2^16 global steps), and every step sends its metadata."""
+    fragment opens only after 2^16 global steps), and every step hands its metadata to the
+    transport, which sends at most one per `metadata_interval` seconds (0: every step's)."""
     params = [(f"t{i}", torch.zeros(1024)) for i in range(24)]
     with ddiloco.Syncer(params, plaintext=True, fragments=24, round=round,
                         sync_every=0 if round == "push" else 24 << 16) as s:
         with ddiloco.Learner(params, endpoint=s.endpoint, id=1, plaintext=True, fragments=24,
-                             sync_every=24 << 16, round=round) as ln:
+                             sync_every=24 << 16, round=round, metadata_interval=metadata_interval) as ln:
             med, best = per_call(lambda: ln.step(1), 4000, cpu=cpu)
             st = ln.status()
             assert st["sends"] == 0, st
@@ -144,8 +146,13 @@ def main():
     pull_cpu = []
     pull_med, pull_best = nothing_due(pull_cpu, round="pull")
     figures.update(python_pull_median_ns=pull_med, python_pull_best_ns=pull_best, python_pull_cpu_median_ns=pull_cpu[0])
-    print(f"step() in pull rounds, nothing pulled (the same tensors; the step's metadata sent): median "
-          f"{pull_med / 1000:.3f} us, best batch {pull_best / 1000:.3f} us, CPU {pull_cpu[0]:.0f} ns")
+    print(f"step() in pull rounds, nothing pulled (the same tensors; metadata coalesced, the default 1 ms): "
+          f"median {pull_med / 1000:.3f} us, best batch {pull_best / 1000:.3f} us, CPU {pull_cpu[0]:.0f} ns")
+    every_cpu = []
+    every_med, every_best = nothing_due(every_cpu, round="pull", metadata_interval=0)
+    figures.update(python_pull_every_median_ns=every_med, python_pull_every_cpu_median_ns=every_cpu[0])
+    print(f"step() in pull rounds, nothing pulled, every step's metadata sent (metadata_interval=0): median "
+          f"{every_med / 1000:.3f} us, best batch {every_best / 1000:.3f} us, CPU {every_cpu[0]:.0f} ns")
     loop_med, _ = per_call(lambda: None, 4000)
     print(f"  (an empty Python lambda call: {loop_med / 1000:.3f} us)")
     params = [("w", torch.zeros(8))]

@@ -144,6 +144,77 @@ TEST_CASE("After an empty try_receive() the learner's socket is asked again only
   CHECK_THROWS_WITH(ZmqLearnerTransport(bad, steady), Catch::Contains("receive_poll_interval = -1000 ns is negative"));
 }
 
+TEST_CASE("Pull rounds' metadata is coalesced: within metadata_interval the newest is held, replacing older ones, "
+          "and goes out before the next other message, before a wait, or once the interval has passed",
+          "[zmq]") {
+  ZmqSyncerTransport syncer(plain_syncer(), steady);
+  const auto metadata = [](MessageType type, std::uint64_t step) {
+    Message m;
+    m.type = type;
+    m.fingerprint = 7;
+    m.learner = 3;
+    m.step = step;
+    return m;
+  };
+  const auto next_at_syncer = [&] {
+    auto m = syncer.receive_until(steady.now() + 10s);
+    REQUIRE(m.has_value());
+    return std::make_pair(m->type, m->step);
+  };
+  const auto metadata_at = [](std::uint64_t step) { return std::make_pair(MessageType::metadata, step); };
+
+  SECTION("an interval of an hour: only the first goes out by itself") {
+    auto cfg = plain_learner(syncer.endpoint(), 3);
+    cfg.metadata_interval = std::chrono::hours(1);
+    ZmqLearnerTransport learner(cfg, steady);
+    REQUIRE(learner.send(join_message(3)));
+    REQUIRE(next_at_syncer().first == MessageType::join);
+    REQUIRE(learner.send(metadata(MessageType::metadata, 1)));  // the first: sent
+    CHECK(next_at_syncer() == metadata_at(1));
+    for (std::uint64_t step = 2; step <= 4; ++step) REQUIRE(learner.send(metadata(MessageType::metadata, step)));
+    CHECK(learner.counters().metadata_coalesced == 2);  // 2 and 3, replaced before they went out
+    CHECK(learner.counters().frames_out == 2);          // the join and step 1
+    CHECK_FALSE(learner.try_receive().has_value());     // within the interval: still held
+    CHECK(learner.counters().frames_out == 2);
+    // Another message: the held metadata goes first, in order.
+    REQUIRE(learner.send(metadata(MessageType::heartbeat, 5)));
+    CHECK(next_at_syncer() == metadata_at(4));
+    CHECK(next_at_syncer() == std::make_pair(MessageType::heartbeat, std::uint64_t{5}));
+    // A wait: the held one goes out before it.
+    REQUIRE(learner.send(metadata(MessageType::metadata, 6)));
+    CHECK(learner.counters().frames_out == 4);
+    CHECK_FALSE(learner.receive_until(steady.now() + 1ms).has_value());
+    CHECK(next_at_syncer() == metadata_at(6));
+    CHECK(learner.counters().metadata_coalesced == 2);
+    CHECK(learner.counters().frames_out == 5);
+  }
+  SECTION("an interval of 20 ms: a held one goes out at the first try_receive() after it") {
+    auto cfg = plain_learner(syncer.endpoint(), 3);
+    cfg.metadata_interval = 20ms;
+    ZmqLearnerTransport learner(cfg, steady);
+    REQUIRE(learner.send(metadata(MessageType::metadata, 1)));
+    REQUIRE(learner.send(metadata(MessageType::metadata, 2)));  // held, unless 20 ms passed since step 1's
+    std::this_thread::sleep_for(25ms);                         // at least the interval, whatever the load
+    CHECK_FALSE(learner.try_receive().has_value());
+    CHECK(next_at_syncer() == metadata_at(1));
+    CHECK(next_at_syncer() == metadata_at(2));
+    CHECK(learner.counters().frames_out == 2);
+  }
+  SECTION("an interval of 0: every metadata message goes out") {
+    auto cfg = plain_learner(syncer.endpoint(), 3);
+    cfg.metadata_interval = Duration::zero();
+    ZmqLearnerTransport learner(cfg, steady);
+    for (std::uint64_t step = 1; step <= 3; ++step) REQUIRE(learner.send(metadata(MessageType::metadata, step)));
+    for (std::uint64_t step = 1; step <= 3; ++step) CHECK(next_at_syncer() == metadata_at(step));
+    CHECK(learner.counters().metadata_coalesced == 0);
+  }
+  SECTION("a negative interval is refused, naming it") {
+    auto bad = plain_learner(syncer.endpoint(), 3);
+    bad.metadata_interval = -1ms;
+    CHECK_THROWS_WITH(ZmqLearnerTransport(bad, steady), Catch::Contains("metadata_interval = -1000000 ns is negative"));
+  }
+}
+
 TEST_CASE("Contributions are sent with the configured codec and decoded into fp32 by the syncer", "[zmq]") {
   ZmqSyncerTransport syncer(plain_syncer(), steady);
   auto cfg = plain_learner(syncer.endpoint(), 1);

@@ -40,7 +40,8 @@
 //   learner -> syncer  metadata        pull rounds, every inner step, never waited for: `step` = the
 //                                      learner's inner step counter t_m, `tokens` = tokens processed
 //                                      since it joined. No payload (one 88-byte frame). A newer one
-//                                      supersedes an older one, so a transport may coalesce them.
+//                                      supersedes an older one, so a transport may coalesce them
+//                                      (ZmqLearnerConfig::metadata_interval).
 //   syncer  -> learner pull            pull rounds: "send me fragment `fragment` now" (`version` =
 //                                      the syncer's version of it, the round's anchor). The learner
 //                                      answers with a contribution at its next step boundary, from

@@ -40,6 +40,7 @@ class LearnerOptions:
     join_retry_s: float
     lock_step_timeout_s: float
     heartbeat_s: float
+    metadata_interval_s: float
     codec: str
     error_feedback: bool
     plaintext: bool

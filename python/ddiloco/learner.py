@@ -53,7 +53,8 @@ class Learner:
                  codec: str = "fp32", error_feedback: bool = False, embedding: EmbeddingRule = None,
                  join_timeout: float = 30.0, join_retry: float = 1.0, heartbeat: float = 1.0,
                  lock_step_timeout: float = 60.0, staging: str = "auto", round: str = "pull",
-                 apply_every: int = 1, announce_applies: bool = False, **unknown):
+                 apply_every: int = 1, announce_applies: bool = False, metadata_interval: float = 0.001,
+                 **unknown):
         reject_unknown("ddiloco.Learner", Learner.__init__, unknown)
         names, tensors, modules = named_parameters(model, "ddiloco.Learner")
         flags = embedding_flags(names, tensors, modules, embedding, "ddiloco.Learner")
@@ -73,7 +74,8 @@ class Learner:
             "join_retry": ("join_retry_s", join_retry), "heartbeat": ("heartbeat_s", heartbeat),
             "lock_step_timeout": ("lock_step_timeout_s", lock_step_timeout), "staging": ("staging", staging),
             "round": ("round", round), "apply_every": ("apply_every", apply_every),
-            "announce_applies": ("announce_applies", announce_applies)})
+            "announce_applies": ("announce_applies", announce_applies),
+            "metadata_interval": ("metadata_interval_s", metadata_interval)})
         self.names = names
         self.parameters = tensors
         self._core = _core.LearnerCore(o, names, tensors, flags, torch.float32, _copy_out, _copy_in)

@@ -102,6 +102,7 @@ struct LearnerOptions {
   double join_retry_s = 1.0;
   double lock_step_timeout_s = 60.0;
   double heartbeat_s = 1.0;
+  double metadata_interval_s = 0.001;  ///< ZmqLearnerConfig::metadata_interval (0: every step's metadata)
   std::string codec = "fp32";
   bool error_feedback = false;
   bool plaintext = false;
@@ -324,6 +325,10 @@ class LearnerCore {
     zc.id = o.id;
     zc.codec = parse_codec(o.codec);
     zc.error_feedback = o.error_feedback;
+    if (!(std::isfinite(o.metadata_interval_s) && o.metadata_interval_s >= 0))
+      throw InvalidArgument(detail::msg("ddiloco.Learner: metadata_interval = ", o.metadata_interval_s,
+                                        " s must be a finite number of seconds >= 0 (0: send every step's metadata)"));
+    zc.metadata_interval = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(o.metadata_interval_s));
     size_for_plan(zc, *plan_);  // a syncer frame larger than the largest fragment's cuts the connection
     zc.security = security_of("ddiloco.Learner", o.plaintext, o.keys, o.server_key, "server_key='syncer.pub'");
     if (zc.security.curve) {
@@ -494,6 +499,7 @@ class LearnerCore {
     d["bytes_out"] = z.bytes_out;
     d["send_dropped"] = z.send_dropped;
     d["decode_errors"] = z.decode_errors;
+    d["metadata_coalesced"] = z.metadata_coalesced;
     d["joined"] = loop_->joined();
     return d;
   }
@@ -713,6 +719,7 @@ void bind_learner(py::module_& m) {
       .def_readwrite("join_retry_s", &LearnerOptions::join_retry_s)
       .def_readwrite("lock_step_timeout_s", &LearnerOptions::lock_step_timeout_s)
       .def_readwrite("heartbeat_s", &LearnerOptions::heartbeat_s)
+      .def_readwrite("metadata_interval_s", &LearnerOptions::metadata_interval_s)
       .def_readwrite("codec", &LearnerOptions::codec)
       .def_readwrite("error_feedback", &LearnerOptions::error_feedback)
       .def_readwrite("plaintext", &LearnerOptions::plaintext)

@@ -40,7 +40,7 @@ def test_the_defaults_are_pull_rounds_and_a_metadata_frame_is_88_bytes_on_the_wi
     model = Tiny(seed=1)
     s = syncer_of(model, fragments=P, sync_every=H, overlap=TAU)
     assert s.status()["round"] == "pull"
-    ln = learner_of(model, s.endpoint, 0).join()
+    ln = learner_of(model, s.endpoint, 0, metadata_interval=0).join()  # every step's metadata on the wire
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     quiet = 0  # steps that sent only their metadata (no pulled fragment, no heartbeat)
     for step in range(1, 4 * H + 1):
@@ -56,7 +56,33 @@ def test_the_defaults_are_pull_rounds_and_a_metadata_frame_is_88_bytes_on_the_wi
     assert quiet >= 2 * H, quiet
     # The syncer's global step follows the learner's metadata (one learner, joined at global step 0).
     wait_for("the global step to reach the learner's steps", lambda: s.status()["global_step"] >= 4 * H)
+    assert ln.status()["metadata_coalesced"] == 0
     ln.close()
+
+
+def test_metadata_is_coalesced_within_metadata_interval_and_the_newest_still_reaches_the_syncer(syncer_of):
+    model = Tiny(seed=1)
+    s = syncer_of(model, fragments=P, sync_every=H, overlap=TAU)
+    # An hour: after the first, no metadata frame goes out by itself.
+    ln = learner_of(model, s.endpoint, 0, metadata_interval=3600.0).join()
+    steps = 4 * H
+    for _ in range(steps):
+        ln.step(tokens=7)
+    st = ln.status()
+    assert st["metadata_sent"] == steps  # the learner sent each step's ...
+    # ... the transport sent the first and holds the newest; the rest were replaced before they went out,
+    # apart from any that went out ahead of a contribution (an answer to a pull) or a heartbeat.
+    assert st["metadata_coalesced"] >= steps - 2 - st["sends"] - st["heartbeats"], st
+    assert st["metadata_coalesced"] <= steps - 2, st
+    # Leaving sends the held one first: the syncer's global step reaches the learner's last step.
+    ln.close()
+    wait_for("the global step to reach the learner's last step", lambda: s.status()["global_step"] >= steps)
+
+
+def test_metadata_interval_must_be_a_finite_number_of_seconds_at_least_0(tiny):
+    with pytest.raises(ddiloco.InvalidArgument, match=r"metadata_interval = -1 s must be a finite number of seconds "
+                                                      r">= 0 \(0: send every step's metadata\)"):
+        learner_of(tiny, "tcp://127.0.0.1:1", 0, metadata_interval=-1.0)
 
 
 def test_two_pull_learners_are_pulled_once_per_round_and_the_syncer_merges_their_answers(syncer_of):

@@ -116,6 +116,8 @@ class ShardedLearnerTransport {
   }
 
   std::optional<Message> receive_until(TimePoint deadline) {
+    if constexpr (requires(Link& l) { l.flush_metadata(); })
+      for (auto& link : links_) link->flush_metadata();  // about to wait: held metadata goes out first
     for (;;) {
       if (auto m = try_receive()) return m;
       const TimePoint now = clock().now();

@@ -228,6 +228,7 @@ struct ZmqCounters {
   std::uint64_t stream_refusals = 0;    ///< syncer: full_state replies refused because max_join_streams were busy (also in send_dropped)
   std::uint64_t state_waiting = 0;      ///< syncer, now: full_state replies waiting in streams for room
   std::uint64_t streams = 0;            ///< syncer, now: streams kept (learner ids with a full state in flight or recently sent)
+  std::uint64_t metadata_coalesced = 0;  ///< learner: metadata messages never sent, a newer one replaced them (metadata_interval)
 };
 
 /// Adds `b` to `a`, field by field (the "now" figures too: a sum over links).
@@ -244,7 +245,8 @@ inline ZmqCounters& operator+=(ZmqCounters& a, const ZmqCounters& b) noexcept {
                       {&a.incoming_queued, b.incoming_queued}, {&a.peers, b.peers},
                       {&a.state_frames_streamed, b.state_frames_streamed}, {&a.state_duplicates, b.state_duplicates},
                       {&a.streams_abandoned, b.streams_abandoned}, {&a.stream_refusals, b.stream_refusals},
-                      {&a.state_waiting, b.state_waiting}, {&a.streams, b.streams}})
+                      {&a.state_waiting, b.state_waiting}, {&a.streams, b.streams},
+                      {&a.metadata_coalesced, b.metadata_coalesced}})
     *x += y;
   a.wire.accepted += b.wire.accepted;
   for (std::size_t i = 0; i < a.wire.rejected_by.size(); ++i) a.wire.rejected_by[i] += b.wire.rejected_by[i];
@@ -1417,6 +1419,18 @@ struct ZmqLearnerConfig {
   /// meanwhile is taken by the first try_receive() after the interval, or at
   /// once by receive_until(). 0: ask at every call.
   Duration receive_poll_interval = std::chrono::microseconds(20);
+  /// Pull rounds' per-step metadata is coalesced: at most one metadata frame
+  /// goes out per metadata_interval (wall time). A newer metadata message
+  /// supersedes an older one (message.hpp), so one sent within the interval
+  /// of the last is held, replacing any held before it, and goes out at the
+  /// first send() or try_receive() after the interval, before any other
+  /// message, or before receive_until() waits. The syncer therefore hears the
+  /// learner's step at most this late while the learner keeps stepping (every
+  /// message carries the step too). A training loop of millisecond steps sends
+  /// every step's; one stepping in microseconds sends about 1000 a second
+  /// instead of hundreds of thousands (each a system call here and a round
+  /// check at the syncer). 0: every metadata message is sent.
+  Duration metadata_interval = std::chrono::milliseconds(1);
 };
 
 /// Sizes the receive limits of a learner's `config` from `plan`: the largest
@@ -1444,6 +1458,9 @@ class ZmqLearnerTransport {
         throw InvalidArgument(detail::msg("ZmqLearnerConfig::receive_poll_interval = ",
                                           config_.receive_poll_interval.count(),
                                           " ns is negative; use 0 to ask the socket at every try_receive()"));
+      if (config_.metadata_interval < Duration::zero())
+        throw InvalidArgument(detail::msg("ZmqLearnerConfig::metadata_interval = ", config_.metadata_interval.count(),
+                                          " ns is negative; use 0 to send every step's metadata"));
       if (config_.max_message_size != 0 && config_.max_message_size < kFrameHeaderSize)
         throw InvalidArgument(detail::msg("ZmqLearnerConfig::max_message_size = ", config_.max_message_size,
                                           " is below a frame header (", kFrameHeaderSize,
@@ -1520,33 +1537,39 @@ class ZmqLearnerTransport {
 
   bool send(Message&& m) {
     if (dealer_ == nullptr) throw TransportError("ZmqLearnerTransport: closed");
-    std::vector<std::byte> with_feedback;  // the payload encoded with the residual carried in
-    if (m.type == MessageType::contribution && config_.error_feedback && m.payload) {
-      if (!feedback_) feedback_.emplace(config_.codec);
-      with_feedback = feedback_->encode(m.fragment, *m.payload);
-      const std::size_t elements = m.payload->size();
-      m.payload.reset();
-      m.encoded = EncodedPayload{config_.codec, elements, with_feedback, nullptr};
+    if (m.type == MessageType::metadata && config_.metadata_interval > Duration::zero()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (held_metadata_) ++counters_.metadata_coalesced;  // the held one is superseded, sent or not
+      if (now < next_metadata_) {
+        held_metadata_ = std::move(m);
+        return true;
+      }
+      held_metadata_.reset();
+      next_metadata_ = now + config_.metadata_interval;
+      return send_now(std::move(m));
     }
-    // The frame the payload was written into (contribution_buffer), else a pooled one.
-    std::shared_ptr<detail::FrameBlock> frame =
-        framer_.frame(m, m.type == MessageType::contribution ? config_.codec : Codec::fp32);
-    const std::size_t size = frame->size;
-    m = Message{};  // drop the sender's reference: ZeroMQ's is the last one
-    if (detail::send_frame_zero_copy(dealer_, std::move(frame), ZMQ_DONTWAIT) < 0) {
-      ++counters_.send_dropped;  // no connection (IMMEDIATE) or high-water mark: back-pressure
-      return false;
-    }
-    ++counters_.frames_out;
-    counters_.bytes_out += size;
-    return true;
+    flush_metadata();  // the held metadata keeps its place before this message
+    return send_now(std::move(m));
+  }
+
+  /// Sends the held metadata message, if any, now (see metadata_interval);
+  /// receive_until() does this before it waits.
+  void flush_metadata() {
+    if (!held_metadata_) return;
+    Message m = std::move(*held_metadata_);
+    held_metadata_.reset();
+    next_metadata_ = std::chrono::steady_clock::now() + config_.metadata_interval;
+    send_now(std::move(m));
   }
 
   /// A frame if one is here, without blocking; after an empty receive the
-  /// socket is asked again only once receive_poll_interval has passed.
+  /// socket is asked again only once receive_poll_interval has passed. A held
+  /// metadata message whose interval has passed is sent first.
   std::optional<Message> try_receive() {
-    if (config_.receive_poll_interval == Duration::zero()) return receive(0);
+    if (config_.receive_poll_interval == Duration::zero() && !held_metadata_) return receive(0);
     const auto now = std::chrono::steady_clock::now();
+    if (held_metadata_ && now >= next_metadata_) flush_metadata();
+    if (config_.receive_poll_interval == Duration::zero()) return receive(0);
     if (now < next_receive_) return std::nullopt;
     auto m = receive(0);
     if (!m) next_receive_ = now + config_.receive_poll_interval;
@@ -1554,6 +1577,7 @@ class ZmqLearnerTransport {
   }
 
   std::optional<Message> receive_until(TimePoint deadline) {
+    flush_metadata();  // about to wait: the syncer hears the newest step now
     for (;;) {
       if (auto m = receive(0)) return m;
       const TimePoint now = clock_->now();
@@ -1679,6 +1703,30 @@ class ZmqLearnerTransport {
 
  private:
   static int ms(Duration d) { return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); }
+  /// Encodes m and hands it to ZeroMQ without blocking; false (counted) on
+  /// back-pressure.
+  bool send_now(Message&& m) {
+    std::vector<std::byte> with_feedback;  // the payload encoded with the residual carried in
+    if (m.type == MessageType::contribution && config_.error_feedback && m.payload) {
+      if (!feedback_) feedback_.emplace(config_.codec);
+      with_feedback = feedback_->encode(m.fragment, *m.payload);
+      const std::size_t elements = m.payload->size();
+      m.payload.reset();
+      m.encoded = EncodedPayload{config_.codec, elements, with_feedback, nullptr};
+    }
+    // The frame the payload was written into (contribution_buffer), else a pooled one.
+    std::shared_ptr<detail::FrameBlock> frame =
+        framer_.frame(m, m.type == MessageType::contribution ? config_.codec : Codec::fp32);
+    const std::size_t size = frame->size;
+    m = Message{};  // drop the sender's reference: ZeroMQ's is the last one
+    if (detail::send_frame_zero_copy(dealer_, std::move(frame), ZMQ_DONTWAIT) < 0) {
+      ++counters_.send_dropped;  // no connection (IMMEDIATE) or high-water mark: back-pressure
+      return false;
+    }
+    ++counters_.frames_out;
+    counters_.bytes_out += size;
+    return true;
+  }
 
   std::optional<Message> receive(int flags) {
     if (dealer_ == nullptr) throw TransportError("ZmqLearnerTransport: closed");
@@ -1761,6 +1809,8 @@ class ZmqLearnerTransport {
   detail::LendingFramer framer_;
   ZmqCounters counters_{};
   std::chrono::steady_clock::time_point next_receive_{};  ///< try_receive(): the socket is not asked before
+  std::chrono::steady_clock::time_point next_metadata_{};  ///< no metadata frame goes out before (metadata_interval)
+  std::optional<Message> held_metadata_;  ///< the newest metadata not sent yet
 };
 
 // ---- the global-model view ------------------------------------------------
