@@ -10,6 +10,12 @@
 
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <functional>
 #include <memory>
 #include <thread>
@@ -212,6 +218,121 @@ TEST_CASE("Pull rounds' metadata is coalesced: within metadata_interval the newe
     auto bad = plain_learner(syncer.endpoint(), 3);
     bad.metadata_interval = -1ms;
     CHECK_THROWS_WITH(ZmqLearnerTransport(bad, steady), Catch::Contains("metadata_interval = -1000000 ns is negative"));
+  }
+}
+
+namespace {
+
+/// One end of a ZMTP 3.0 connection over a plain TCP socket, NULL mechanism:
+/// it sends the greeting and READY as `socket_type`, reads the other side's,
+/// then reports whether any further bytes come (a ZMTP PING would).
+struct ZmtpEnd {
+  int fd = -1;
+  explicit ZmtpEnd(int connected) : fd(connected) {}
+  ZmtpEnd(const ZmtpEnd&) = delete;
+  ZmtpEnd& operator=(const ZmtpEnd&) = delete;
+  ~ZmtpEnd() {
+    if (fd >= 0) ::close(fd);
+  }
+  /// Reads exactly n bytes, each wait bounded (a failure guard); false on EOF or time-out.
+  bool read_exactly(std::uint8_t* out, std::size_t n) {
+    for (std::size_t got = 0; got < n;) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 10000) != 1) return false;
+      const ssize_t r = ::recv(fd, out + got, n - got, 0);
+      if (r <= 0) return false;
+      got += static_cast<std::size_t>(r);
+    }
+    return true;
+  }
+  bool handshake(const std::string& socket_type, bool as_server) {
+    std::vector<std::uint8_t> out(64, 0);
+    out[0] = 0xff;
+    out[9] = 0x7f;
+    out[10] = 3;  // version 3.0
+    std::memcpy(&out[12], "NULL", 4);
+    out[32] = as_server ? 1 : 0;
+    std::vector<std::uint8_t> body = {5, 'R', 'E', 'A', 'D', 'Y', 11};
+    for (char c : std::string("Socket-Type")) body.push_back(static_cast<std::uint8_t>(c));
+    for (int shift : {24, 16, 8, 0}) body.push_back(static_cast<std::uint8_t>(socket_type.size() >> shift));
+    for (char c : socket_type) body.push_back(static_cast<std::uint8_t>(c));
+    out.push_back(0x04);  // a short command
+    out.push_back(static_cast<std::uint8_t>(body.size()));
+    out.insert(out.end(), body.begin(), body.end());
+    if (::send(fd, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) return false;
+    std::uint8_t greeting[64], head[2];
+    if (!read_exactly(greeting, 64) || greeting[0] != 0xff || greeting[9] != 0x7f) return false;
+    if (!read_exactly(head, 2) || head[0] != 0x04) return false;  // the other side's READY
+    std::vector<std::uint8_t> ready(head[1]);
+    return read_exactly(ready.data(), ready.size()) && ready.size() > 6 && std::memcmp(&ready[1], "READY", 5) == 0;
+  }
+  /// Whatever arrives within `wait` (empty: nothing did).
+  std::vector<std::uint8_t> bytes_within(std::chrono::milliseconds wait) {
+    std::vector<std::uint8_t> got(256);
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(wait.count())) != 1) return {};
+    const ssize_t r = ::recv(fd, got.data(), got.size(), 0);
+    got.resize(r > 0 ? static_cast<std::size_t>(r) : 0);
+    return got;
+  }
+};
+
+std::uint16_t port_of(const std::string& endpoint) {
+  return static_cast<std::uint16_t>(std::stoi(endpoint.substr(endpoint.rfind(':') + 1)));
+}
+
+}  // namespace
+
+TEST_CASE("Neither end sends ZMTP heartbeats (libzmq 4.3.4 aborts on one written to a back-pressured connection "
+          "whose peer left); dead connections are TCP keepalive's",
+          "[zmq]") {
+  // With ZMTP heartbeats every 20 ms, a PING would arrive well within the 400 ms
+  // each side is watched here; none may.
+  const std::string ping = "\x04PING";
+  const auto is_ping = [&](const std::vector<std::uint8_t>& b) {
+    return std::search(b.begin(), b.end(), ping.begin(), ping.end()) != b.end();
+  };
+  SECTION("the syncer") {
+    auto cfg = plain_syncer();
+    cfg.heartbeat_interval = 20ms;
+    cfg.heartbeat_timeout = 1s;
+    ZmqSyncerTransport syncer(cfg, steady);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    ZmtpEnd end(fd);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(port_of(syncer.endpoint()));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) == 0);
+    REQUIRE(end.handshake("DEALER", false));
+    const auto after = end.bytes_within(400ms);
+    CHECK_FALSE(is_ping(after));
+    CHECK(after.empty());
+  }
+  SECTION("the learner") {
+    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(listener >= 0);
+    ZmtpEnd listening(listener);
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener, reinterpret_cast<const sockaddr*>(&at), sizeof at) == 0);
+    REQUIRE(::listen(listener, 1) == 0);
+    socklen_t len = sizeof at;
+    REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &len) == 0);
+    auto cfg = plain_learner("tcp://127.0.0.1:" + std::to_string(ntohs(at.sin_port)), 3);
+    cfg.heartbeat_interval = 20ms;
+    cfg.heartbeat_timeout = 1s;
+    ZmqLearnerTransport learner(cfg, steady);
+    pollfd p{listener, POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 10000) == 1);
+    ZmtpEnd end(::accept(listener, nullptr, nullptr));
+    REQUIRE(end.fd >= 0);
+    REQUIRE(end.handshake("ROUTER", true));
+    const auto after = end.bytes_within(400ms);
+    CHECK_FALSE(is_ping(after));
+    CHECK(after.empty());
   }
 }
 

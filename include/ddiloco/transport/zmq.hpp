@@ -263,6 +263,29 @@ inline void set_int(void* s, int option, int value, const char* what) {
   zmq_check(zmq_setsockopt(s, option, &value, sizeof value), what);
 }
 
+/// A dead peer's connection is found by TCP, not by ZMTP heartbeats: keepalive
+/// probes after `interval` idle, every `interval` (whole seconds, at least 1),
+/// and the connection dropped once sent data or probes went unacknowledged for
+/// `timeout` (TCP_USER_TIMEOUT, as ZMQ_TCP_MAXRT). Why not ZMTP heartbeats:
+/// libzmq 4.3.4 (Debian 12's) aborts the process when a heartbeat or a PONG is
+/// written on a connection whose input was stopped by its receive high-water
+/// mark and whose peer then went away (stream_engine_base.cpp, "!_io_error").
+/// That is exactly a back-pressured syncer and a learner that leaves or is
+/// killed; docs/operations.md, "Dead connections".
+inline void set_keepalive(void* s, Duration interval, Duration timeout) {
+  using std::chrono::ceil;
+  using std::chrono::milliseconds;
+  using std::chrono::seconds;
+  const auto secs = [](Duration d) { return static_cast<int>(std::max<std::int64_t>(1, ceil<seconds>(d).count())); };
+  set_int(s, ZMQ_HEARTBEAT_IVL, 0, "ZMQ_HEARTBEAT_IVL");  // no ZMTP PINGs from this side
+  set_int(s, ZMQ_TCP_KEEPALIVE, 1, "ZMQ_TCP_KEEPALIVE");
+  set_int(s, ZMQ_TCP_KEEPALIVE_IDLE, secs(interval), "ZMQ_TCP_KEEPALIVE_IDLE");
+  set_int(s, ZMQ_TCP_KEEPALIVE_INTVL, secs(interval), "ZMQ_TCP_KEEPALIVE_INTVL");
+  set_int(s, ZMQ_TCP_KEEPALIVE_CNT, std::max(1, secs(timeout) / secs(interval)), "ZMQ_TCP_KEEPALIVE_CNT");
+  set_int(s, ZMQ_TCP_MAXRT,
+          static_cast<int>(std::clamp<std::int64_t>(ceil<milliseconds>(timeout).count(), 1, 1 << 30)), "ZMQ_TCP_MAXRT");
+}
+
 /// ZeroMQ's hold on a frame until it is sent. The mutex is a handoff the race
 /// detector can see: ZeroMQ passes messages between its threads with its own
 /// lock-free queues (not instrumented), so without it ThreadSanitizer could not
@@ -515,7 +538,10 @@ struct ZmqSyncerConfig {
   /// that connection (TCP then pushes back on the sender). 0 (default):
   /// peer_receive_budget / max_message_size, at least 4 and at most 1000.
   int recv_hwm = 0;
+  /// Dead connections (detail::set_keepalive): TCP keepalive probes after this
+  /// long idle and this often (whole seconds) ...
   Duration heartbeat_interval = std::chrono::seconds(1);
+  /// ... and the connection dropped after this long without an acknowledgement.
   Duration heartbeat_timeout = std::chrono::seconds(5);
   DecodeLimits limits{};
   // ---- memory bounds (docs/operations.md, "Memory bounds"; size_for_plan()) ----
@@ -675,8 +701,7 @@ class ZmqSyncerTransport {
       const auto max_message = static_cast<std::int64_t>(max_message_size() + (config_.security.curve ? detail::kMechanismOverhead : 0));
       detail::zmq_check(zmq_setsockopt(router_, ZMQ_MAXMSGSIZE, &max_message, sizeof max_message), "ZMQ_MAXMSGSIZE");
       detail::set_int(router_, ZMQ_LINGER, 0, "ZMQ_LINGER");
-      detail::set_int(router_, ZMQ_HEARTBEAT_IVL, ms(config_.heartbeat_interval), "ZMQ_HEARTBEAT_IVL");
-      detail::set_int(router_, ZMQ_HEARTBEAT_TIMEOUT, ms(config_.heartbeat_timeout), "ZMQ_HEARTBEAT_TIMEOUT");
+      detail::set_keepalive(router_, config_.heartbeat_interval, config_.heartbeat_timeout);
       if (config_.security.curve) {
         detail::set_int(router_, ZMQ_CURVE_SERVER, 1, "ZMQ_CURVE_SERVER");
         detail::zmq_check(zmq_setsockopt(router_, ZMQ_CURVE_SECRETKEY, config_.security.own.secret_key.c_str(), 41),
@@ -1053,8 +1078,6 @@ class ZmqSyncerTransport {
     return block;
   }
 
-  static int ms(Duration d) { return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); }
-
   std::optional<Message> pop_locked() {
     if (incoming_.empty()) return std::nullopt;
     Message m = std::move(incoming_.front().message);
@@ -1405,7 +1428,10 @@ struct ZmqLearnerConfig {
   /// syncer is unreachable sends fail at once (OuterLoop keeps the progress
   /// for the next send) instead of piling up stale contributions.
   bool immediate = true;
+  /// Dead connections (detail::set_keepalive): TCP keepalive probes after this
+  /// long idle and this often (whole seconds) ...
   Duration heartbeat_interval = std::chrono::seconds(1);
+  /// ... and the connection dropped after this long without an acknowledgement.
   Duration heartbeat_timeout = std::chrono::seconds(5);
   DecodeLimits limits{};
   /// ZMQ_MAXMSGSIZE: a syncer that sends a larger message is disconnected
@@ -1474,8 +1500,7 @@ class ZmqLearnerTransport {
       detail::set_int(dealer_, ZMQ_IMMEDIATE, config_.immediate ? 1 : 0, "ZMQ_IMMEDIATE");
       detail::set_int(dealer_, ZMQ_RECONNECT_IVL, 100, "ZMQ_RECONNECT_IVL");
       detail::set_int(dealer_, ZMQ_RECONNECT_IVL_MAX, 2000, "ZMQ_RECONNECT_IVL_MAX");
-      detail::set_int(dealer_, ZMQ_HEARTBEAT_IVL, ms(config_.heartbeat_interval), "ZMQ_HEARTBEAT_IVL");
-      detail::set_int(dealer_, ZMQ_HEARTBEAT_TIMEOUT, ms(config_.heartbeat_timeout), "ZMQ_HEARTBEAT_TIMEOUT");
+      detail::set_keepalive(dealer_, config_.heartbeat_interval, config_.heartbeat_timeout);
       if (config_.security.curve) {
         detail::check_z85_key(config_.security.own.public_key, "learner public key");
         detail::check_z85_key(config_.security.own.secret_key, "learner secret key");
@@ -1702,7 +1727,6 @@ class ZmqLearnerTransport {
   }
 
  private:
-  static int ms(Duration d) { return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); }
   /// Encodes m and hands it to ZeroMQ without blocking; false (counted) on
   /// back-pressure.
   bool send_now(Message&& m) {
