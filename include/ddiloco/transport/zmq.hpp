@@ -6,7 +6,8 @@
 // the wire format of wire.hpp (validated before anything touches state; every
 // decode failure is counted by kind). ZeroMQ reconnects by itself; peers come
 // and go; high-water marks give back-pressure (a send that would block returns
-// false); ZMTP heartbeats detect dead connections. Frames are handed to ZeroMQ
+// false); TCP keepalive detects dead connections (not ZMTP heartbeats: see
+// detail::set_keepalive). Frames are handed to ZeroMQ
 // without a copy (zmq_msg_init_data; ZeroMQ frees them once written).
 //
 // Security: CURVE encryption and authentication by default. The syncer runs a
