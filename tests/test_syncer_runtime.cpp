@@ -299,3 +299,42 @@ TEST_CASE("While the workers are busy the runtime takes at most max_queued contr
   rc.max_queued = 0;
   CHECK_THROWS_WITH(SyncerRuntime(syncer, transport, rc), Catch::Contains("max_queued = 0"));
 }
+
+TEST_CASE("A status callback that blocks does not stall receiving: it runs on a thread of its own",
+          "[syncer_runtime]") {
+  // The callback of the syncer program writes stdout and a status file; on a
+  // disk busy with writeback a write can block for seconds. Here it blocks
+  // until every contribution has been taken and handled.
+  GatedSyncer syncer;
+  syncer.release_gate();
+  // Contributions only once the callback is blocked (the old receive thread
+  // would be blocked with it).
+  struct AfterStatus : CountingTransport {
+    using CountingTransport::CountingTransport;
+    std::atomic<bool> open{false};
+    std::optional<Message> receive_until(TimePoint) { return open ? try_receive() : std::nullopt; }
+  } transport(1000);
+  std::latch entered(1), release(1);
+  std::atomic<int> calls{0};
+  SyncerRuntimeConfig rc;
+  rc.workers = 1;
+  rc.status_every = 1ms;
+  rc.on_status = [&](const SyncerStatus&) {
+    if (calls.fetch_add(1) == 0) {
+      entered.count_down();
+      release.wait();
+    }
+  };
+  SyncerRuntime runtime(syncer, transport, rc);
+  runtime.start();
+  entered.wait();
+  transport.open = true;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (syncer.handled < 1000 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  CHECK(syncer.handled == 1000);
+  CHECK(calls == 1);  // still inside the first call
+  release.count_down();
+  while (calls < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  CHECK(calls >= 2);  // and it goes on after it
+  runtime.stop();
+}

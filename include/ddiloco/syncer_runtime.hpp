@@ -6,7 +6,9 @@
 // stalls behind a large merge (the Syncer locks per fragment, so different
 // fragments are accumulated and merged in parallel). It wakes at the syncer's
 // next deadline (grace expiry, heartbeat time-out) and prints nothing itself:
-// a status callback receives a SyncerStatus every `status_every`.
+// a status callback receives a SyncerStatus every `status_every` (steady
+// clock) on a thread of its own, so a callback that blocks (stdout to a full
+// pipe, a status file on a disk busy with writeback) never stalls receiving.
 // What it is not: the state machine (syncer.hpp) or a transport.
 //
 // Contributions are batched per fragment. Each fragment has a queue; a
@@ -56,7 +58,8 @@ struct SyncerRuntimeConfig {
   std::size_t workers = 2;  ///< merge worker threads (0: everything on the receive thread)
   Duration poll = std::chrono::milliseconds(50);  ///< longest sleep between two looks at the clock
   Duration status_every = std::chrono::seconds(5);
-  std::function<void(const SyncerStatus&)> on_status;  ///< progress output (optional)
+  /// Progress output (optional), called on the runtime's status thread.
+  std::function<void(const SyncerStatus&)> on_status;
   /// Contributions waiting for the workers, all fragments together: beyond
   /// either bound the receive thread stops taking messages until they drain.
   std::size_t max_queued = 4096;
@@ -85,25 +88,32 @@ class SyncerRuntime {
   SyncerRuntime& operator=(const SyncerRuntime&) = delete;
   ~SyncerRuntime() { stop(); }
 
-  /// Starts the receive thread.
+  /// Starts the receive thread (and the status thread, with on_status).
   void start() {
     if (thread_.joinable()) return;
     thread_ = std::jthread([this](std::stop_token st) { loop(st); });
+    if (config_.on_status) status_thread_ = std::jthread([this](std::stop_token st) { report(st); });
   }
 
   /// Stops receiving, then waits for the workers to finish what they have
   /// (also what deliver() queued without a receive thread).
   void stop() {
-    if (thread_.joinable()) {
-      thread_.request_stop();
-      thread_.join();
-    }
+    for (std::jthread* t : {&status_thread_, &thread_})
+      if (t->joinable()) {
+        t->request_stop();
+        t->join();
+      }
     pool_.wait_idle();
   }
 
-  /// Runs the loop on the calling thread until `st` is stopped.
+  /// Runs the loop on the calling thread until `st` is stopped (the status
+  /// callback on a thread of its own meanwhile).
   void run(std::stop_token st) {
-    loop(st);
+    {
+      std::jthread status;
+      if (config_.on_status) status = std::jthread([this](std::stop_token s) { report(s); });
+      loop(st);
+    }
     pool_.wait_idle();
   }
 
@@ -230,9 +240,17 @@ class SyncerRuntime {
     submit_drain(p);
   }
 
+  /// The status thread: on_status every status_every until stopped.
+  void report(std::stop_token st) {
+    std::mutex m;
+    std::condition_variable_any cv;
+    std::unique_lock lock(m);
+    while (!cv.wait_for(lock, st, config_.status_every, [] { return false; }) && !st.stop_requested())
+      config_.on_status(syncer_->status());
+  }
+
   void loop(std::stop_token st) {
     const Clock& clock = transport_->clock();
-    TimePoint next_status = clock.now() + config_.status_every;
     while (!st.stop_requested()) {
       TimePoint deadline = clock.now() + config_.poll;
       if (auto wake = syncer_->next_wakeup(); wake && *wake < deadline) deadline = *wake;
@@ -260,10 +278,6 @@ class SyncerRuntime {
           flush(local);
         });
       }
-      if (config_.on_status && now >= next_status) {
-        config_.on_status(syncer_->status());
-        next_status = now + config_.status_every;
-      }
     }
   }
 
@@ -279,6 +293,7 @@ class SyncerRuntime {
   std::size_t queued_ = 0, queued_bytes_ = 0;
   std::atomic<std::uint64_t> receive_pauses_{0};
   std::jthread thread_;
+  std::jthread status_thread_;  ///< with on_status: report()
 };
 
 }  // namespace ddiloco
