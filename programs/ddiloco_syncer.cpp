@@ -56,7 +56,8 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
     out << "shard_index=" << s.shard_index << "\nshard_count=" << s.shard_count << "\nshard_map=" << s.shard_map << "\n";
     out << "round=" << to_string(round) << "\nglobal_step=" << s.global_step << "\npull_rounds=" << s.pull_rounds
         << "\npulls_sent=" << s.pulls_sent << "\npull_timeouts=" << s.pull_timeouts
-        << "\npull_rounds_empty=" << s.pull_rounds_empty << "\nsteps_beyond_lead=" << s.steps_beyond_lead << "\n";
+        << "\npull_rounds_empty=" << s.pull_rounds_empty << "\nsteps_beyond_lead=" << s.steps_beyond_lead
+        << "\nfrontier_carries=" << s.frontier_carries << "\n";
     for (std::size_t i = 0; i < kRejectReasons; ++i)
       out << "rejected_" << to_string(static_cast<RejectReason>(i)) << "=" << s.rejected[i] << "\n";
     out << "decode_errors=" << z.decode_errors << "\nauth_denied=" << z.auth_denied
@@ -117,7 +118,8 @@ std::string round_line(RoundMode round, const SyncerStatus& s) {
   return " round pull global-step " + std::to_string(s.global_step) + " pull-rounds " + std::to_string(s.pull_rounds) +
          " pulls-sent " + std::to_string(s.pulls_sent) + " pull-timeouts " + std::to_string(s.pull_timeouts) +
          " pull-rounds-empty " + std::to_string(s.pull_rounds_empty) +
-         (s.steps_beyond_lead != 0 ? " steps-beyond-lead " + std::to_string(s.steps_beyond_lead) : std::string());
+         (s.steps_beyond_lead != 0 ? " steps-beyond-lead " + std::to_string(s.steps_beyond_lead) : std::string()) +
+         (s.frontier_carries != 0 ? " frontier-carries " + std::to_string(s.frontier_carries) : std::string());
 }
 
 /// "i/S" (--shard) -> (i, S); i counted from 0.

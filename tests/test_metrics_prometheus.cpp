@@ -414,6 +414,14 @@ TEST_CASE("Pull rounds: unsolicited contributions and step counters capped at th
   CHECK(s.status().global_step == 9);
   CHECK(sample(t, "ddiloco_syncer_steps_beyond_lead_total") == 2);
   CHECK(sample(t, "ddiloco_syncer_contributions_rejected_total{reason=\"unsolicited\"}") == 1);
+  // Learner 2, the furthest, leaves: learner 1's next step carries the global step on from 9.
+  s.handle(test::control_message(plan, MessageType::leave, 2), out);
+  clock.advance(1ms);
+  s.handle(test::metadata_message(plan, 1, 2), out);
+  s.handle(test::metadata_message(plan, 1, 3), out);
+  metrics.update(s.status());
+  CHECK(s.status().global_step == 10);
+  CHECK(sample(text(registry), "ddiloco_syncer_frontier_carries_total") == 1);
 }
 
 TEST_CASE("Push rounds export the pull series at 0 and the round mode push", "[metrics][pull]") {

@@ -1420,6 +1420,13 @@ void pull_rounds(SyncerConfig& c, std::size_t h) {
   c.sync_every = h;
   c.quorum.overlap = 1;
 }
+/// Learner `id`'s metadata at `step`, 1 ms after the previous message, then a tick.
+void metadata_tick(Rig& r, Syncer<>& s, LearnerId id, std::uint64_t step) {
+  r.out.clear();
+  r.clock.advance(1ms);
+  s.handle(test::metadata_message(r.plan, id, step), r.out);
+  s.tick(r.out);
+}
 }  // namespace
 
 TEST_CASE("Pull rounds: a round whose every pulled learner answered with a refused contribution closes at once, "
@@ -1581,12 +1588,7 @@ TEST_CASE("Pull rounds: a step counter that jumps moves the global step at most 
     Syncer<> s(r.plan, r.init, r.clock, r.config);
     r.join(s, 1);
     r.join(s, 2);
-    const auto meta = [&](LearnerId id, std::uint64_t step) {
-      r.out.clear();
-      r.clock.advance(1ms);
-      s.handle(test::metadata_message(r.plan, id, step), r.out);
-      s.tick(r.out);
-    };
+    const auto meta = [&](LearnerId id, std::uint64_t step) { metadata_tick(r, s, id, step); };
     meta(1, 1);
     meta(2, 1);
     meta(2, std::uint64_t{1} << 40);
@@ -1650,6 +1652,94 @@ TEST_CASE("Pull rounds: a learner that stops training (still alive) holds the gl
   CHECK(global_at[7] == 28);
   CHECK(global_at.back() == 60);
   CHECK(s.status().steps_beyond_lead <= 2);
+}
+
+TEST_CASE("Pull rounds: when the learner furthest ahead dies or leaves, the learners still training carry the "
+          "global step on from its position, so rounds keep opening",
+          "[syncer][pull]") {
+  // Learner 1 trains to step 30, learner 2 to step 10 (two fragments, a slot every 2 global steps).
+  // Then learner 1 leaves, dies (silent past the heartbeat time-out) or stays alive without
+  // training, and learner 2 trains on to step 20.
+  enum class Leader { leaves, dies, stays };
+  struct Outcome {
+    std::uint64_t step_before, rounds_before, step_after, rounds_after, carries;
+  };
+  const auto run = [](Leader what) {
+    Rig r;
+    pull_rounds(r.config, 4);
+    r.config.max_lead = 64;  // does not bind: learner 1 leads by 20
+    r.config.pull_timeout = 1ms;
+    r.config.heartbeat_timeout = 50ms;
+    Syncer<> s(r.plan, r.init, r.clock, r.config);
+    r.join(s, 1);
+    r.join(s, 2);
+    const auto meta = [&](LearnerId id, std::uint64_t step) { metadata_tick(r, s, id, step); };
+    for (std::uint64_t step = 1; step <= 30; ++step) {
+      meta(1, step);
+      if (step <= 10) meta(2, step);
+    }
+    Outcome o{};
+    o.step_before = s.status().global_step;
+    o.rounds_before = s.status().pull_rounds;
+    if (what == Leader::leaves) s.handle(test::control_message(r.plan, MessageType::leave, 1), r.out);
+    // 60 ms pass: learner 2 sends its (unchanged) step each millisecond, learner 1 only if it stays.
+    for (int i = 0; i < 60; ++i) {
+      if (what == Leader::stays) meta(1, 30);
+      meta(2, 10);
+    }
+    REQUIRE(s.status().learners_alive == (what == Leader::stays ? 2u : 1u));
+    for (std::uint64_t step = 11; step <= 20; ++step) meta(2, step);
+    const auto st = s.status();
+    o.step_after = st.global_step;
+    o.rounds_after = st.pull_rounds;
+    o.carries = st.frontier_carries;
+    return o;
+  };
+  for (Leader what : {Leader::leaves, Leader::dies}) {
+    CAPTURE(what == Leader::leaves ? "leaves" : "dies");
+    const Outcome o = run(what);
+    CHECK(o.step_before == 30);
+    // Learner 2's step 11 puts it at t (it carries 19); steps 12..20 move t by one each.
+    CHECK(o.step_after == 39);
+    CHECK(o.rounds_after - o.rounds_before >= 4);  // slots 32, 34, 36, 38
+    CHECK(o.carries == 1);
+  }
+  // A leader still alive is not carried past (a learner that lies about its step counter must not
+  // move t beyond the lead over the others): t waits, as before, until learner 2 reaches 30.
+  const Outcome alive = run(Leader::stays);
+  CHECK(alive.step_after == 30);
+  CHECK(alive.rounds_after == alive.rounds_before);
+  CHECK(alive.carries == 0);
+}
+
+TEST_CASE("Pull rounds: a step counter that lies, goes quiet until it is declared dead and comes back, again and "
+          "again, never puts the global step more than max_lead ahead of the honest learner",
+          "[syncer][pull]") {
+  Rig r;
+  pull_rounds(r.config, 4);
+  r.config.max_lead = 8;
+  r.config.pull_timeout = 1ms;
+  r.config.heartbeat_timeout = 5ms;  // the liar is dead before learner 1 has caught up with it
+  Syncer<> s(r.plan, r.init, r.clock, r.config);
+  r.join(s, 1);
+  r.join(s, 2);
+  std::uint64_t honest = 0, claimed = 1;
+  const auto meta = [&](LearnerId id, std::uint64_t step) { metadata_tick(r, s, id, step); };
+  meta(1, ++honest);
+  meta(2, claimed);
+  std::uint64_t carries_seen = 0;
+  for (int cycle = 0; cycle < 20; ++cycle) {
+    claimed = std::uint64_t{1} << (30 + cycle);  // learner 2 jumps ...
+    meta(2, claimed);
+    CHECK(s.status().global_step <= honest + 8);
+    for (int i = 0; i < 12; ++i) {  // ... and is silent past the time-out while learner 1 trains
+      meta(1, ++honest);
+      CHECK(s.status().global_step <= honest + 8);
+    }
+    carries_seen = s.status().frontier_carries;
+  }
+  CHECK(carries_seen >= 1);  // the carry happened, and did not help the liar
+  CHECK(s.status().global_step <= honest + 8);
 }
 
 TEST_CASE("Pull rounds: the derived pull time-out learns the time a pull takes to be answered, so a link slower "

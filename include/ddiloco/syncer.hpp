@@ -570,6 +570,10 @@ struct SyncerStatus {
   /// step counted it at the runner-up plus the lead). Honest runs show a few
   /// when one learner races ahead alone; a steady climb is a counter that lies.
   std::uint64_t steps_beyond_lead = 0;
+  /// Pull rounds: times the learner that last moved the global step died or
+  /// left and the learners still training carried it on from there (instead
+  /// of no round opening until one of them reached it).
+  std::uint64_t frontier_carries = 0;
   /// Pull rounds: contributions from an older base anchored at the current global (SyncerConfig::anchor_versions).
   std::uint64_t contributions_anchored = 0;
   /// Per merge: seconds from its round's first accepted contribution to the
@@ -1342,6 +1346,7 @@ class Syncer {
     // The global step is not saved: it restarts at 0 and each restored
     // learner's steps count from its first message after the restore.
     global_step_ = 0;
+    frontier_.reset();
     opened_through_ = 0;
     waiting_rounds_.clear();
     merges_total_.store(merges, std::memory_order_relaxed);
@@ -1419,6 +1424,9 @@ class Syncer {
     std::uint64_t step = 0;                    ///< the highest inner step counter it has sent
     std::optional<std::uint64_t> join_step;    ///< its step counter at join (unset: restored, not heard yet)
     std::uint64_t join_global = 0;             ///< the global step at its join: its steps count from there
+    /// Steps added to its position when the furthest learner died or left
+    /// and this one, still training, carried t on (carry_on_locked).
+    std::uint64_t carried = 0;
     std::optional<std::pair<TimePoint, std::uint64_t>> step_seen;  ///< (when, step) its step counter last rose
     double step_interval_s = 0.0;  ///< its own seconds per inner step (moving average; 0: not measured yet)
     bool reported = false;                     ///< has trained a step since it joined (counted by the quorum)
@@ -1797,6 +1805,7 @@ class Syncer {
         // is a receipt of every fragment; it waits for rounds opened after now.
         l.join_step = m.step;
         l.join_global = global_step_;
+        l.carried = 0;
         l.step = m.step;
         l.reported = false;
         l.receipt_step.assign(fragments_.size(), m.step);
@@ -1908,7 +1917,7 @@ class Syncer {
     auto& l = it->second;
     l.last_seen = std::max(l.last_seen, now);
     l.alive = true;
-    advance_locked(l, step);
+    advance_locked(id, l, step);
     if (step_time) {
       if (l.last_contribution && step > l.last_contribution->second && now > l.last_contribution->first) {
         const auto steps = step - l.last_contribution->second;
@@ -1926,7 +1935,7 @@ class Syncer {
   /// Learners whose own counters differ (one restarted from 0, one resumed
   /// at 5000) are on one axis; a learner that restarts does not move t back.
   /// Caller holds members_mutex_.
-  void advance_locked(LearnerInfo& l, std::uint64_t step) {
+  void advance_locked(LearnerId id, LearnerInfo& l, std::uint64_t step) {
     if (!l.join_step) {  // restored from a snapshot: its steps count from here
       l.join_step = step;
       l.join_global = global_step_;
@@ -1946,10 +1955,13 @@ class Syncer {
     l.step = step;
     if (step <= *l.join_step) return;
     l.reported = true;
-    const std::uint64_t pos = position(l);
-    if (pos <= global_step_) return;
     if (!pull_schedule_) {  // push rounds keep t for staleness and status; their schedule is the learners'
-      global_step_ = pos;
+      global_step_ = std::max(global_step_, position(l));
+      return;
+    }
+    const std::uint64_t pos = carried_position(l);
+    if (pos <= global_step_) {
+      carry_on_locked(id, now);
       return;
     }
     // The leader: counted at most lead_bound() ahead of the runner-up
@@ -1959,14 +1971,13 @@ class Syncer {
     // nobody back for longer; each learner's own pace, so the leader's
     // counter cannot shorten the others' window). Only a message that would
     // move t pays this scan over the learners: O(M) per global step, not per message.
+    // The runner-up's position is its own, without what it carried: a learner
+    // that lies about its step counter, goes quiet until it is declared dead
+    // and comes back gains nothing from the others having carried t on.
     const std::uint64_t lead = lead_bound(config_);
     std::optional<std::uint64_t> runner_up;
-    for (const auto& [id, o] : learners_) {
-      if (&o == &l || !o.alive || !o.reported) continue;
-      if (o.step_interval_s > 0.0 && o.step_seen &&
-          std::chrono::duration<double>(now - o.step_seen->first).count() >
-              o.step_interval_s * static_cast<double>(lead))
-        continue;
+    for (const auto& [other, o] : learners_) {
+      if (other == id || !still_training(o, now, lead)) continue;
       runner_up = std::max(runner_up.value_or(0), position(o));
     }
     std::uint64_t counted = pos;
@@ -1974,7 +1985,60 @@ class Syncer {
       counted = *runner_up + lead;
       ++counters_.steps_beyond_lead;
     }
-    global_step_ = std::max(global_step_, counted);
+    if (counted > global_step_) {
+      global_step_ = counted;
+      frontier_ = id;
+    }
+  }
+
+  /// A learner the leader's lead is counted against: alive, trained since its
+  /// join, and its step counter rose within the time it takes it for `lead`
+  /// of its own steps. Caller holds members_mutex_.
+  static bool still_training(const LearnerInfo& o, TimePoint now, std::uint64_t lead) noexcept {
+    if (!o.alive || !o.reported) return false;
+    return !(o.step_interval_s > 0.0 && o.step_seen &&
+             std::chrono::duration<double>(now - o.step_seen->first).count() >
+                 o.step_interval_s * static_cast<double>(lead));
+  }
+
+  /// Pull rounds: when the learner that last moved t (frontier_) has died or
+  /// left, t would wait until another learner trained past the lead it had
+  /// (docs/algorithm.md, "Pull rounds (the paper's round)"). Instead, every learner still
+  /// training has its position raised by the same amount, so that the
+  /// furthest of them is at t and their next steps move t at their pace.
+  /// Called when learner `id`'s step did not move t; O(log M) unless the
+  /// frontier has gone, then O(M) once. Caller holds members_mutex_.
+  void carry_on_locked(LearnerId id, TimePoint now) {
+    if (!frontier_ || *frontier_ == id) return;
+    const auto f = learners_.find(*frontier_);
+    if (f != learners_.end() && f->second.alive) return;
+    const std::uint64_t lead = lead_bound(config_);
+    std::uint64_t furthest = 0;
+    std::optional<LearnerId> next;
+    for (const auto& [other, o] : learners_)
+      if (still_training(o, now, lead) && (!next || carried_position(o) > furthest)) {
+        furthest = carried_position(o);
+        next = other;
+      }
+    if (!next) return;
+    frontier_ = next;
+    const std::uint64_t raise = global_step_ - std::min(furthest, global_step_);
+    if (raise == 0) return;
+    for (auto& entry : learners_) {
+      auto& o = entry.second;
+      if (still_training(o, now, lead))
+        o.carried = o.carried <= std::numeric_limits<std::uint64_t>::max() - raise ? o.carried + raise
+                                                                                  : std::numeric_limits<std::uint64_t>::max();
+    }
+    ++counters_.frontier_carries;
+  }
+
+  /// The position the global step follows: position() plus what the learner
+  /// carried when a furthest learner died (saturating). Caller holds members_mutex_.
+  static std::uint64_t carried_position(const LearnerInfo& l) noexcept {
+    const std::uint64_t pos = position(l);
+    return l.carried <= std::numeric_limits<std::uint64_t>::max() - pos ? pos + l.carried
+                                                                        : std::numeric_limits<std::uint64_t>::max();
   }
 
   /// A learner's position on the global-step axis: the global step at its
@@ -2812,6 +2876,7 @@ class Syncer {
   // which the schedule's slots have been opened.
   std::optional<Schedule> pull_schedule_;
   std::uint64_t global_step_ = 0;
+  std::optional<LearnerId> frontier_;  ///< the learner whose step last moved the global step
   std::uint64_t opened_through_ = 0;
   std::vector<std::size_t> waiting_rounds_;  ///< fragments whose pull round waits for its quorum
   detail::Ema step_seconds_{0.1};            ///< inner-step time over all learners' messages

@@ -255,6 +255,7 @@ class SyncerCore {
     d["pull_timeouts"] = s.pull_timeouts;
     d["pull_rounds_empty"] = s.pull_rounds_empty;
     d["steps_beyond_lead"] = s.steps_beyond_lead;
+    d["frontier_carries"] = s.frontier_carries;
     d["merges"] = s.merges;
     d["contributions_accepted"] = s.contributions_accepted;
     d["mean_quorum_size"] = s.mean_quorum_size();

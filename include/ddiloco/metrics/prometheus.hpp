@@ -217,6 +217,8 @@ class SyncerMetrics {
     pull_rounds_empty_ = total("pull_rounds_empty_total", "Pull rounds closed without a merge (no accepted answer).");
     steps_beyond_lead_ = total("steps_beyond_lead_total",
                                "Step counters more than max_lead ahead of every other learner (counted at the runner-up plus the lead).");
+    frontier_carries_ = total("frontier_carries_total",
+                              "Times the learner furthest ahead died or left and the learners still training carried the global step on.");
     in_ = total("message_received_bytes_total", "Bytes of the messages the syncer handled (header + payload).");
     out_ = total("message_sent_bytes_total", "Bytes of the messages the syncer queued for learners (header + payload).");
     auto& rejected = counter_family(r, "ddiloco_syncer_contributions_rejected_total",
@@ -345,6 +347,7 @@ class SyncerMetrics {
     pull_timeouts_.set(s.pull_timeouts, count);
     pull_rounds_empty_.set(s.pull_rounds_empty, count);
     steps_beyond_lead_.set(s.steps_beyond_lead, count);
+    frontier_carries_.set(s.frontier_carries, count);
     global_step_->Set(static_cast<double>(s.global_step));
     in_.set(s.bytes_in, count);
     out_.set(s.bytes_out, count);
@@ -427,7 +430,8 @@ class SyncerMetrics {
   std::optional<BoundSeries> bounds_;                  ///< likewise, for a transport with memory-bound counters
   detail::TotalCounter merges_, grace_waits_, deadline_merges_, accepted_, joins_, leaves_, deaths_, in_, out_,
       checkpoints_, joins_limited_, joins_full_, pruned_, rejoin_requests_, clipped_, capped_, pull_rounds_,
-      pulls_sent_, pull_timeouts_, pull_rounds_empty_, steps_beyond_lead_;
+      pulls_sent_, pull_timeouts_, pull_rounds_empty_, steps_beyond_lead_,
+      frontier_carries_;
   std::array<detail::TotalCounter, kRejectReasons> rejected_{};
   std::optional<detail::TotalCounter> auth_denied_, impersonations_, handshake_failures_;
   prometheus::Gauge* alive_ = nullptr;
