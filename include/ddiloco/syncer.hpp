@@ -2015,39 +2015,39 @@ class Syncer {
     const std::uint64_t lead = lead_bound(config_);
     std::uint64_t furthest = 0;
     std::optional<LearnerId> next;
-    for (const auto& [other, o] : learners_)
-      if (still_training(o, now, lead) && (!next || carried_position(o) > furthest)) {
-        furthest = carried_position(o);
+    std::vector<LearnerInfo*> training;
+    for (auto& [other, o] : learners_) {
+      if (!still_training(o, now, lead)) continue;
+      training.push_back(&o);
+      if (const std::uint64_t pos = carried_position(o); !next || pos > furthest) {
+        furthest = pos;
         next = other;
       }
+    }
     if (!next) return;
     frontier_ = next;
     const std::uint64_t raise = global_step_ - std::min(furthest, global_step_);
     if (raise == 0) return;
-    for (auto& entry : learners_) {
-      auto& o = entry.second;
-      if (still_training(o, now, lead))
-        o.carried = o.carried <= std::numeric_limits<std::uint64_t>::max() - raise ? o.carried + raise
-                                                                                  : std::numeric_limits<std::uint64_t>::max();
-    }
+    for (LearnerInfo* o : training) o->carried = saturating_sum(o->carried, raise);
     ++counters_.frontier_carries;
   }
 
   /// The position the global step follows: position() plus what the learner
   /// carried when a furthest learner died (saturating). Caller holds members_mutex_.
   static std::uint64_t carried_position(const LearnerInfo& l) noexcept {
-    const std::uint64_t pos = position(l);
-    return l.carried <= std::numeric_limits<std::uint64_t>::max() - pos ? pos + l.carried
-                                                                        : std::numeric_limits<std::uint64_t>::max();
+    return saturating_sum(position(l), l.carried);
   }
 
   /// A learner's position on the global-step axis: the global step at its
   /// join plus the inner steps it has trained since (saturating). Caller holds members_mutex_.
   static std::uint64_t position(const LearnerInfo& l) noexcept {
     if (!l.join_step || l.step <= *l.join_step) return l.join_global;
-    const std::uint64_t advance = l.step - *l.join_step;
-    return advance <= std::numeric_limits<std::uint64_t>::max() - l.join_global ? l.join_global + advance
-                                                                                  : std::numeric_limits<std::uint64_t>::max();
+    return saturating_sum(l.join_global, l.step - *l.join_step);
+  }
+
+  /// a + b, or the largest std::uint64_t where that overflows.
+  static constexpr std::uint64_t saturating_sum(std::uint64_t a, std::uint64_t b) noexcept {
+    return b <= std::numeric_limits<std::uint64_t>::max() - a ? a + b : std::numeric_limits<std::uint64_t>::max();
   }
 
   /// Pull rounds: records whether learner `id`'s latest contribution was
