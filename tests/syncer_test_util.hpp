@@ -68,6 +68,15 @@ inline Message metadata_message(const Plan& plan, LearnerId id, std::uint64_t st
   return m;
 }
 
+/// Push rounds: the heartbeat OuterLoop sends at a learner's first inner step
+/// after a join. A push round waits only for learners that have trained
+/// since they joined; one that only joined is not counted.
+inline Message trained_message(const Plan& plan, LearnerId id, std::uint64_t step = 1) {
+  Message m = control_message(plan, MessageType::heartbeat, id);
+  m.step = step;
+  return m;
+}
+
 /// A join of learner `id` with nonce `nonce` that states no schedule and no batch.
 inline Message join_message(const Plan& plan, LearnerId id, std::uint64_t nonce) {
   return control_message(plan, MessageType::join, id, nonce);

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "syncer_test_util.hpp"
 #include "temp_dir.hpp"
 
 using namespace ddiloco;
@@ -265,7 +266,10 @@ TEST_CASE("A contribution accepted but not yet merged at checkpoint time is drop
           "[checkpoint]") {
   Rig r;
   AvgSyncer a(r.plan, r.init, r.clock, k_of(2));
-  for (LearnerId id : {1u, 2u}) r.join(a, id, 100 + id);
+  for (LearnerId id : {1u, 2u}) {
+    r.join(a, id, 100 + id);
+    a.handle(test::trained_message(r.plan, id), r.out);  // training: the round waits for it
+  }
   a.handle(r.contribution(1, 0, 0.2f, seq0 + 1, 0), r.out);  // open, waits for K = 2
   REQUIRE(a.status().fragments[0].open_contributions == 1);
   VirtualClock clock2;

@@ -65,7 +65,10 @@ TEST_CASE("Syncer metrics follow the syncer's status: merges, quorum sizes, reje
   prometheus::Registry registry;
   SyncerMetrics metrics(registry, {.min_quorum = c.quorum.min_quorum});
   Outbox out;
-  for (LearnerId id : {1u, 2u, 3u}) s.handle(join(plan, id), out);
+  for (LearnerId id : {1u, 2u, 3u}) {
+    s.handle(join(plan, id), out);
+    s.handle(test::trained_message(plan, id), out);  // training: the push round waits for it
+  }
   const std::uint64_t seq0 = test::kSeq0;
   s.handle(contribution(plan, 1, 0, seq0 + 1), out);
   s.handle(contribution(plan, 2, 0, seq0 + 1), out);  // quorum of 2: merge

@@ -148,10 +148,13 @@ struct BasicRig {
     return n;
   }
 
-  /// Takes what reached the syncer without handling it (a syncer that never answers).
-  std::vector<Message> intercept() {
+  /// Takes what reached the syncer without handling it (a syncer that never
+  /// answers), less the heartbeats (the first step's report after a join and
+  /// the liveness ones) unless `heartbeats`.
+  std::vector<Message> intercept(bool heartbeats = false) {
     std::vector<Message> got;
-    while (auto m = link.try_receive()) got.push_back(std::move(*m));
+    while (auto m = link.try_receive())
+      if (heartbeats || m->type != MessageType::heartbeat) got.push_back(std::move(*m));
     return got;
   }
 
@@ -758,13 +761,34 @@ TEST_CASE("Each apply after a send records its staleness in versions and its del
   }
 }
 
+TEST_CASE("Push rounds: the first step after a join tells the syncer at once that the learner trains",
+          "[outer_loop]") {
+  Rig r;
+  auto lt = r.net.learner(1);
+  Outer outer(r.plan, lt, learner_config(1, 1));
+  VecParams params = zero_params();
+  r.join(outer, params);
+  const auto before = outer.status().heartbeats;
+  for (int t = 1; t <= 3; ++t) {  // the clock stands still: no heartbeat falls due
+    inner_step(params);
+    outer.step(params, 1);
+  }
+  const auto got = r.intercept(/*heartbeats=*/true);
+  REQUIRE(got.size() == 2);  // the report of step 1 and fragment 1's send at step 2
+  CHECK(got[0].type == MessageType::heartbeat);
+  CHECK(got[0].step == 1);
+  CHECK(got[1].type == MessageType::contribution);
+  CHECK(outer.status().heartbeats == before + 1);
+}
+
 // ---- a silent syncer ---------------------------------------------------------------
 
 TEST_CASE("With a syncer that never answers, step() always returns, failures are counted and no progress is lost",
           "[outer_loop]") {
-  // The syncer's mailbox holds 4 messages and nobody reads it: the first four
-  // sends (steps 2, 4, 6, 8) are queued, every later one is refused.
-  Rig r(4);
+  // The syncer's mailbox holds 5 messages and nobody reads it: the heartbeat
+  // of step 1 (the learner trains) and the first four sends (steps 2, 4, 6,
+  // 8) are queued, every later one is refused.
+  Rig r(5);
   auto lt = r.net.learner(1);
   Outer outer(r.plan, lt, learner_config(1, 1));
   VecParams params = zero_params();

@@ -154,6 +154,42 @@ TEST_CASE("K larger than the alive learners is still bounded by the deadline", "
   CHECK(policy.decide(r, TimePoint{3s}).kind == Kind::merge_now);
 }
 
+TEST_CASE("Learners that are alive but do not train hold no round once the quorum is met and the training ones "
+          "are in",
+          "[quorum]") {
+  // 2 learners train, 32 ids are alive but never trained (a join flood, peers
+  // that only send heartbeats). The grace window would be 1 s.
+  QuorumPolicy policy(QuorumConfig{.min_quorum = 1, .overlap = 2, .gamma = 1.0, .cap = 1s});
+  policy.observe_step_time(1s);
+  RoundState r = make_round(TimePoint{0}, 1, 34);
+  r.training = 2;
+  auto d = policy.decide(r, TimePoint{0});
+  CHECK(d.kind == Kind::wait_until);  // one training learner still out: the grace window
+  CHECK(d.until == TimePoint{1s});
+  r.contributions = 2;
+  d = policy.decide(r, TimePoint{100ms});
+  CHECK(d.kind == Kind::merge_now);
+  CHECK(d.reason == "every training learner contributed");
+  SECTION("without the count, the same round waits out its grace window for the 32") {
+    r.training.reset();
+    CHECK(policy.decide(r, TimePoint{100ms}).until == TimePoint{1s});
+  }
+}
+
+TEST_CASE("K is still bounded by the alive learners, not by the training ones", "[quorum]") {
+  // K = M = 4, all alive; at the first round only learner 1 is known to train
+  // (the others' first reports are on their way): the round waits for K.
+  QuorumPolicy policy(QuorumConfig{.min_quorum = 4, .deadline = 10s, .grace = false});
+  RoundState r = make_round(TimePoint{0}, 1, 4);
+  r.training = 1;
+  CHECK(policy.decide(r, TimePoint{0}).until == TimePoint{10s});
+  r.contributions = 3;
+  r.training = 3;
+  CHECK(policy.decide(r, TimePoint{1s}).until == TimePoint{10s});
+  r.alive = 3;  // the fourth died: the three training ones are everyone
+  CHECK(policy.decide(r, TimePoint{2s}).kind == Kind::merge_now);
+}
+
 TEST_CASE("The moving averages follow their definition", "[quorum]") {
   // beta = 0.1; ema <- 0.9 * ema + 0.1 * sample, the first sample initialises.
   // step samples 1, 2, 3 s: 1 -> 0.9 + 0.2 = 1.1 -> 0.99 + 0.3 = 1.29

@@ -36,6 +36,12 @@ struct Rig {
   void join(S& s, LearnerId id, std::uint64_t nonce = 0) {
     s.handle(test::join_message(plan, id, nonce ? nonce : ++nonces), out);
   }
+  /// Learner `id` joins and trains its first step (test::trained_message).
+  template <class S>
+  void join_training(S& s, LearnerId id, std::uint64_t nonce = 0) {
+    join(s, id, nonce);
+    s.handle(test::trained_message(plan, id), out);
+  }
   std::uint64_t nonces = 100;
   Message contribution(LearnerId id, std::size_t fragment, float value, std::uint64_t seq,
                        std::uint64_t version = 0, std::int64_t steps = 10, std::int64_t tokens = 100) const {
@@ -108,7 +114,7 @@ TEST_CASE("With K = 1 and no grace a single contribution is merged at once and b
 TEST_CASE("With K = 2 the first contribution waits and the second forms the quorum", "[syncer]") {
   Rig r;
   Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, k_of(2));
-  for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
+  for (LearnerId id : {1u, 2u, 3u}) r.join_training(s, id);
   r.out.clear();
   const auto p = r.fragment_of_w();
   s.handle(r.contribution(1, p, 0.2f, Rig::seq0() + 1), r.out);
@@ -125,7 +131,7 @@ TEST_CASE("With K = 2 the first contribution waits and the second forms the quor
 TEST_CASE("Below the quorum the hard deadline forces a merge of what has arrived", "[syncer]") {
   Rig r;
   Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, k_of(3));
-  for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
+  for (LearnerId id : {1u, 2u, 3u}) r.join_training(s, id);
   const auto p = r.fragment_of_w();
   s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 1), r.out);
   r.clock.advance(9s);
@@ -150,7 +156,7 @@ TEST_CASE("The grace window delays the merge after the quorum and gathers a late
   c.quorum.gamma = 0.5;
   c.quorum.cap = 1s;
   Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, c);
-  for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
+  for (LearnerId id : {1u, 2u, 3u}) r.join_training(s, id);
   const auto p = r.fragment_of_w();
   // Two contributions from learner 1, 10 steps apart and 1 s apart: xi_step = 100 ms.
   s.handle(r.contribution(1, p, 0.1f, Rig::seq0() + 1, 0, 10), r.out);
@@ -185,6 +191,38 @@ TEST_CASE("The grace window delays the merge after the quorum and gathers a late
   CHECK(s.status().fragments[p].grace_waits >= 1);
 }
 
+TEST_CASE("Push rounds do not wait for ids that only joined or only send heartbeats", "[syncer]") {
+  Rig r;
+  SyncerConfig c = k_of(1, /*grace=*/true);
+  c.quorum.overlap = 2;
+  c.quorum.gamma = 1.0;
+  c.quorum.cap = 1s;
+  Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, c);
+  for (LearnerId id : {1u, 2u}) r.join_training(s, id);
+  for (LearnerId id = 100; id < 132; ++id) r.join(s, id);  // a join flood: never heard from again
+  for (LearnerId id = 200; id < 204; ++id) {               // peers that heartbeat but never train
+    r.join(s, id);
+    s.handle(test::control_message(r.plan, MessageType::heartbeat, id), r.out);
+  }
+  REQUIRE(s.alive() == 38);
+  const auto p = r.fragment_of_w();
+  s.handle(r.contribution(1, p, 0.1f, Rig::seq0() + 1, 0, 10), r.out);  // no step time yet: grace 0
+  REQUIRE(s.fragment(p).second == 1);
+  // 10 steps in 1 s: grace = 1.0 x 2 x 100 ms = 200 ms once the quorum forms.
+  r.clock.advance(1s);
+  Message second = r.contribution(1, p, 0.1f, Rig::seq0() + 2, 1, 10);
+  second.step = 20;
+  s.handle(second, r.out);
+  REQUIRE(s.next_wakeup().has_value());
+  CHECK((*s.next_wakeup() - r.clock.now()) == 200ms);  // learner 2 trains: worth waiting for
+  r.clock.advance(50ms);
+  s.handle(r.contribution(2, p, 0.3f, Rig::seq0() + 1, 1, 10), r.out);
+  // Both learners that train are in: merged at once, not 150 ms later for the 36.
+  CHECK(s.fragment(p).second == 2);
+  CHECK(s.status().fragments[p].last_quorum_size == 2);
+  CHECK(s.status().fragments[p].grace_waits == 0);
+}
+
 TEST_CASE("Each merge records its round time, and a merge after a grace window the time it waited", "[syncer]") {
   Rig r;
   SyncerConfig c = k_of(1, /*grace=*/true);
@@ -192,7 +230,7 @@ TEST_CASE("Each merge records its round time, and a merge after a grace window t
   c.quorum.gamma = 0.5;
   c.quorum.cap = 1s;
   Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, c);
-  for (LearnerId id : {1u, 2u}) r.join(s, id);
+  for (LearnerId id : {1u, 2u}) r.join_training(s, id);
   const auto p = r.fragment_of_w();
   // No step time known yet: grace 0, the round merges at once (0 s, no grace wait).
   s.handle(r.contribution(1, p, 0.1f, Rig::seq0() + 1, 0, 10), r.out);
@@ -225,7 +263,7 @@ TEST_CASE("Each merge records its round time, and a merge after a grace window t
 TEST_CASE("A deadline merge is counted and its round time is the deadline", "[syncer]") {
   Rig r;
   Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, k_of(3));
-  for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
+  for (LearnerId id : {1u, 2u, 3u}) r.join_training(s, id);
   const auto p = r.fragment_of_w();
   s.handle(r.contribution(1, p, 0.5f, Rig::seq0() + 1), r.out);
   r.clock.advance(9s);
@@ -428,8 +466,8 @@ TEST_CASE("A silent learner is declared dead after the heartbeat time-out and re
 TEST_CASE("With K = M a dead learner stops blocking the round once it is declared dead", "[syncer]") {
   Rig r;
   Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, k_of(2));
-  r.join(s, 1);
-  r.join(s, 2);
+  r.join_training(s, 1);
+  r.join_training(s, 2);
   const auto p = r.fragment_of_w();
   r.clock.advance(4s);
   s.handle(r.contribution(1, p, 0.1f, Rig::seq0() + 1), r.out);
@@ -462,8 +500,8 @@ TEST_CASE("A learner that leaves no longer receives fragments; a scavenged learn
 TEST_CASE("The default syncer merges with token-weighted RDA and steps with Nesterov", "[syncer]") {
   Rig r;
   Syncer<> s(r.plan, r.init, r.clock, k_of(2));
-  r.join(s, 1);
-  r.join(s, 2);
+  r.join_training(s, 1);
+  r.join_training(s, 2);
   const auto p = r.fragment_of_w();
   // Two orthogonal outer gradients of norm 1 with token weights 100^2/10 and 200^2/10.
   Message a = r.contribution(1, p, 0.0f, Rig::seq0() + 1, 0, 10, 100);
@@ -534,7 +572,7 @@ TEST_CASE("With K = 2 and send_merged_to = contributors exactly the two learners
   SyncerConfig c = k_of(2);
   c.send_merged_to = MergeRecipients::contributors;
   Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, c);
-  for (LearnerId id : {1u, 2u, 3u, 4u}) r.join(s, id);
+  for (LearnerId id : {1u, 2u, 3u, 4u}) r.join_training(s, id);
   r.out.clear();
   const auto p = r.fragment_of_w();
   s.handle(r.contribution(4, p, 0.2f, Rig::seq0() + 1), r.out);
@@ -630,7 +668,7 @@ TEST_CASE("With send_merged_to = contributors a contributor that left before the
   SyncerConfig c = k_of(2);
   c.send_merged_to = MergeRecipients::contributors;
   Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, c);
-  for (LearnerId id : {1u, 2u, 3u}) r.join(s, id);
+  for (LearnerId id : {1u, 2u, 3u}) r.join_training(s, id);
   const auto p = r.fragment_of_w();
   s.handle(r.contribution(1, p, 0.2f, Rig::seq0() + 1), r.out);
   const Message leave = test::control_message(r.plan, MessageType::leave, 1);
@@ -888,8 +926,8 @@ TEST_CASE("handle_batch below the quorum equals handling the messages one by one
   Syncer<CountingRda> one(r.plan, r.init, r.clock, c);
   Syncer<CountingRda> batch(r.plan, r.init, r.clock, c);
   for (LearnerId id = 1; id <= 9; ++id) {
-    r.join(one, id, 900 + id);
-    r.join(batch, id, 900 + id);
+    r.join_training(one, id, 900 + id);
+    r.join_training(batch, id, 900 + id);
   }
   r.out.clear();
   std::mt19937 rng(3);
@@ -941,7 +979,7 @@ TEST_CASE("Rejected messages in a batch are counted and answered as one by one a
   const auto p = r.fragment_of_w();
   // Bring fragment p to version 2 (two rounds of 5) so that a stale base exists.
   for (auto* s : {&one, &batch, &clean})
-    for (LearnerId id = 1; id <= 6; ++id) r.join(*s, id, 700 + id);
+    for (LearnerId id = 1; id <= 6; ++id) r.join_training(*s, id, 700 + id);
   for (std::uint64_t round = 0; round < 2; ++round)
     for (LearnerId id = 1; id <= 5; ++id)
       for (auto* s : {&one, &batch, &clean}) s->handle(r.contribution(id, p, 0.1f, Rig::seq0() + 1 + round, round), r.out);

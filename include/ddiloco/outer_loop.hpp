@@ -466,6 +466,16 @@ class OuterLoop {
       if (send_fragment(*p, params)) report.sent = *p;
     }
     report.applied = apply_due(params, report);
+    if (config_.round == RoundMode::push && report_training_ && !rejoining_) {
+      // Push rounds wait only for learners that have trained since they
+      // joined (docs/algorithm.md, "Push rounds (for comparison)"): the first
+      // step after a join says so at once, not a heartbeat interval later.
+      report_training_ = false;
+      if (!report.sent) {
+        ++status_.heartbeats;
+        send(header(MessageType::heartbeat));
+      }
+    }
     if (config_.round == RoundMode::pull) {
       Message meta = header(MessageType::metadata);
       meta.tokens = static_cast<std::int64_t>(tokens_total_ & 0x7fffffffffffffffULL);
@@ -680,6 +690,7 @@ class OuterLoop {
   }
 
   void send_join() {
+    report_training_ = true;
     join_sent_ = transport_->clock().now();
     join_heard_ = join_sent_;
     Message m = header(MessageType::join);
@@ -1102,6 +1113,7 @@ class OuterLoop {
   std::size_t join_received_ = 0;
   bool joined_ = false;
   bool rejoining_ = false;  ///< a rejoin request is out, its reply not yet in
+  bool report_training_ = false;  ///< push rounds: the first step since the last join is not yet reported
   TimePoint last_send_{0};
   TimePoint join_sent_{0};
   TimePoint join_heard_{0};  ///< the last join request sent or fragment of its state received

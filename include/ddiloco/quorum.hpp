@@ -62,6 +62,11 @@ struct RoundState {
   std::size_t contributions = 0;
   /// Learners currently alive (could still contribute to this round).
   std::size_t alive = 0;
+  /// Of those, the ones known to train (the syncer: alive and trained a step
+  /// since they joined); unset: every alive learner. A round with every
+  /// training learner in and its quorum met (or every alive learner in) does
+  /// not wait for ids that only joined or only send heartbeats.
+  std::optional<std::size_t> training;
   /// When the quorum first formed. decide() sets it (to `now`) the first time
   /// it sees the quorum unless the caller has already set it to the exact
   /// arrival time of the K-th contribution.
@@ -159,7 +164,9 @@ class Ema {
 ///
 /// Decision rules, in order, for a round r at time `now`:
 ///  1. r.contributions == 0                      -> idle.
-///  2. r.contributions >= r.alive                -> merge now (nobody left to wait for).
+///  2. r.contributions >= r.alive, or r.training is set, r.contributions >=
+///     r.training and r.contributions >= min(K, r.alive)
+///                                               -> merge now (nobody left to wait for).
 ///  3. r.contributions >= K: the first time, set r.quorum_at (if unset),
 ///     feed xi_quorum with quorum_at - start, then freeze
 ///     r.merge_by = min(quorum_at + grace, start + deadline);
@@ -210,6 +217,8 @@ class QuorumPolicy {
     if (r.contributions == 0) return {WaitDecision::Kind::idle, now, "no contribution"};
     const TimePoint hard = detail::saturating_add(r.start, config_.deadline);
     if (r.contributions >= r.alive) return {WaitDecision::Kind::merge_now, now, "every alive learner contributed"};
+    if (r.training && r.contributions >= *r.training && r.contributions >= std::min(config_.min_quorum, r.alive))
+      return {WaitDecision::Kind::merge_now, now, "every training learner contributed"};
     if (r.contributions >= config_.min_quorum) {
       if (!r.quorum_at) r.quorum_at = now;
       if (!r.quorum_observed) {

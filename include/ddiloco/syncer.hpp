@@ -1588,6 +1588,13 @@ class Syncer {
     return static_cast<std::size_t>(
         std::count_if(learners_.begin(), learners_.end(), [](const auto& kv) { return kv.second.alive; }));
   }
+  /// Alive learners that have trained a step since they joined: the ones a
+  /// push round waits for (RoundState::training).
+  std::size_t training_count_locked() const {
+    return static_cast<std::size_t>(std::count_if(learners_.begin(), learners_.end(), [](const auto& kv) {
+      return kv.second.alive && kv.second.reported;
+    }));
+  }
   /// Alive learners that have sent a contribution since they joined: the
   /// learners a merge's participation share counts. An id that only joined
   /// (or only sends heartbeats) is alive but not counted here, so a join flood
@@ -2494,7 +2501,15 @@ class Syncer {
   /// Caller holds f.mutex.
   bool decide_and_merge(std::size_t p, FragmentState& f, TimePoint now, Outbox& out) {
     if (pull_schedule_) return decide_pull(p, f, now, out);
-    f.round.alive = alive();
+    {
+      // A push round waits for the alive learners that have trained since
+      // they joined (docs/algorithm.md, "Push rounds (for comparison)"): ids
+      // that only joined, or only send heartbeats, would otherwise hold every
+      // round for its grace window. K is still bounded by every alive one.
+      std::unique_lock lock(members_mutex_);
+      f.round.alive = alive_count_locked();
+      f.round.training = training_count_locked();
+    }
     const WaitDecision d = f.wait->decide(f.round, now);
     switch (d.kind) {
       case WaitDecision::Kind::idle: f.wake.reset(); return false;
