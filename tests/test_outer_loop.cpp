@@ -200,6 +200,15 @@ Flat payload(const Message& m) { return m.payload ? *m.payload : Flat{}; }
 
 Flat filled(std::size_t n, float v) { return Flat(n, v); }
 
+/// Learner 1 (push rounds, tau = 1) joined to a fresh Rig's syncer.
+struct JoinedLearner {
+  Rig r;
+  InProcessLearnerTransport lt = r.net.learner(1);
+  Outer outer{r.plan, lt, learner_config(1, 1)};
+  VecParams params = zero_params();
+  JoinedLearner() { r.join(outer, params); }
+};
+
 }  // namespace
 
 // ---- contracts --------------------------------------------------------------
@@ -603,11 +612,8 @@ TEST_CASE("Fragments are sent exactly at the schedule's due steps with the count
 
 TEST_CASE("The outer gradient sent is base minus local: exactly the change made by the inner steps",
           "[outer_loop]") {
-  Rig r;
-  auto lt = r.net.learner(1);
-  Outer outer(r.plan, lt, learner_config(1, 1));
-  VecParams params = zero_params();
-  r.join(outer, params);
+  JoinedLearner j;
+  auto& [r, lt, outer, params] = j;
 
   SECTION("measured from the joined state, then from the previous send when nothing comes back") {
     for (int t = 1; t <= 8; ++t) {
@@ -763,11 +769,8 @@ TEST_CASE("Each apply after a send records its staleness in versions and its del
 
 TEST_CASE("Push rounds: the first step after a join tells the syncer at once that the learner trains",
           "[outer_loop]") {
-  Rig r;
-  auto lt = r.net.learner(1);
-  Outer outer(r.plan, lt, learner_config(1, 1));
-  VecParams params = zero_params();
-  r.join(outer, params);
+  JoinedLearner j;
+  auto& [r, lt, outer, params] = j;
   const auto before = outer.status().heartbeats;
   for (int t = 1; t <= 3; ++t) {  // the clock stands still: no heartbeat falls due
     inner_step(params);

@@ -61,6 +61,15 @@ struct Rig {
 
 SyncerConfig k_of(std::size_t k, bool grace = false) { return test::quorum_config(k, grace); }
 
+/// K = 1 with the grace window: tau = 2, the given gamma, a 1 s cap.
+SyncerConfig grace_of(double gamma) {
+  SyncerConfig c = k_of(1, /*grace=*/true);
+  c.quorum.overlap = 2;
+  c.quorum.gamma = gamma;
+  c.quorum.cap = 1s;
+  return c;
+}
+
 }  // namespace
 
 /// A K = 1 Syncer<> with learner 1 joined, for the rejection tests: the global
@@ -151,11 +160,7 @@ TEST_CASE("Below the quorum the hard deadline forces a merge of what has arrived
 
 TEST_CASE("The grace window delays the merge after the quorum and gathers a late contribution", "[syncer]") {
   Rig r;
-  SyncerConfig c = k_of(1, /*grace=*/true);
-  c.quorum.overlap = 2;
-  c.quorum.gamma = 0.5;
-  c.quorum.cap = 1s;
-  Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, c);
+  Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, grace_of(0.5));
   for (LearnerId id : {1u, 2u, 3u}) r.join_training(s, id);
   const auto p = r.fragment_of_w();
   // Two contributions from learner 1, 10 steps apart and 1 s apart: xi_step = 100 ms.
@@ -193,11 +198,7 @@ TEST_CASE("The grace window delays the merge after the quorum and gathers a late
 
 TEST_CASE("Push rounds do not wait for ids that only joined or only send heartbeats", "[syncer]") {
   Rig r;
-  SyncerConfig c = k_of(1, /*grace=*/true);
-  c.quorum.overlap = 2;
-  c.quorum.gamma = 1.0;
-  c.quorum.cap = 1s;
-  Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, c);
+  Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, grace_of(1.0));
   for (LearnerId id : {1u, 2u}) r.join_training(s, id);
   for (LearnerId id = 100; id < 132; ++id) r.join(s, id);  // a join flood: never heard from again
   for (LearnerId id = 200; id < 204; ++id) {               // peers that heartbeat but never train
@@ -225,11 +226,7 @@ TEST_CASE("Push rounds do not wait for ids that only joined or only send heartbe
 
 TEST_CASE("Each merge records its round time, and a merge after a grace window the time it waited", "[syncer]") {
   Rig r;
-  SyncerConfig c = k_of(1, /*grace=*/true);
-  c.quorum.overlap = 2;
-  c.quorum.gamma = 0.5;
-  c.quorum.cap = 1s;
-  Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, c);
+  Syncer<WeightedAverage, AverageOnly, UniformWeights> s(r.plan, r.init, r.clock, grace_of(0.5));
   for (LearnerId id : {1u, 2u}) r.join_training(s, id);
   const auto p = r.fragment_of_w();
   // No step time known yet: grace 0, the round merges at once (0 s, no grace wait).
