@@ -1,4 +1,4 @@
-// Tests for the syncer's admission of contributions (ddiloco/syncer.hpp,
+// Tests for the syncer's admission of contributions (ddiloco/syncer/admission.hpp,
 // docs/algorithm.md, "Validation and staleness"): bounded claims (steps by the
 // learner's step counter and the schedule, tokens by the declaration at join),
 // the norm checked on the true norm against a robust reference, norm clipping

@@ -1,4 +1,4 @@
-// Tests for the membership bounds of ddiloco/syncer.hpp (SyncerConfig
+// Tests for the membership bounds of ddiloco/syncer/membership.hpp (SyncerConfig
 // max_learners, join_interval / join_burst / join_burst_per_learner,
 // join_repeat_interval, prune_after): what a join flood or a peer that keeps
 // re-joining can make the syncer keep and send. Driven directly with crafted

@@ -6,7 +6,7 @@
 // reports each one it skipped (truncated, corrupted, inconsistent) with a reason.
 // What it is not: a scheduler (when to checkpoint is the syncer program's
 // choice, on an interval and on SIGTERM/SIGINT), nor a general serialiser: it
-// knows exactly one record, SyncerSnapshot (<ddiloco/syncer.hpp>).
+// knows exactly one record, SyncerSnapshot (<ddiloco/syncer_snapshot.hpp>).
 //
 // # File format, version 1 (every integer little-endian, floats as IEEE-754
 // binary32 bits, doubles as binary64 bits)
