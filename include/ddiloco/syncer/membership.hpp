@@ -2,8 +2,9 @@
 // refusals that name a mismatch (docs/operations.md, "Joins"), observers,
 // leaves, heartbeats and deaths, each learner's position and the global step
 // of pull rounds (the lead bound, the carry past a departed leader;
-// docs/algorithm.md, "Pull rounds"), and rejoin requests to learners a
-// restore does not know (docs/operations.md, "Crash and restore").
+// docs/algorithm.md, "Pull rounds (the paper's round)"), and rejoin requests
+// to learners a restore does not know (docs/operations.md, "Crash and
+// restore").
 //
 // Member functions of ddiloco::Syncer (syncer.hpp declares them and holds the
 // state; this header defines them). A function whose name ends in _locked
