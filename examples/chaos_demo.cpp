@@ -14,14 +14,16 @@
 // the syncer merges on arrival) and pull (the paper's round: the syncer keeps the global step,
 // opens each fragment's round at its slot, waits for K learners with progress plus the grace
 // window and pulls from every learner available). With --m16 the demo also runs (d) at M = 16
-// with four of the sixteen learners 2x slower, in both modes.
+// with four of the sixteen learners 2x slower, in both modes. With --ablation it also runs (d)
+// on the failure tape split in two: the straggler and the kill, and the straggler and the message
+// faults, to show which part of the tape costs what.
 //
 // Time is SIMULATED cluster time (LocalCluster::run_virtual): every inner step costs `--step-ms`
 // of virtual time times the learner's slowdown, and the compute is real. So the timing
 // comparison is deterministic and does not depend on the load of the machine running the demo;
 // the demo also prints the real elapsed seconds.
 //
-// Usage: chaos_demo [--steps N] [--seed S] [--quick] [--m16] [--out DIR] [--H H] [--eval-examples E]
+// Usage: chaos_demo [--steps N] [--seed S] [--quick] [--m16] [--ablation] [--out DIR] [--H H] [--eval-examples E]
 //                   [--step-ms MS] [--outer-lr LR] [--momentum MU] [--only TEXT] [--fortunes DIR]
 //                   [--clip-factor C] [--weight-cap-factor W] [--shards contiguous|interleaved]
 // Writes DIR/results.csv, DIR/curves.csv and DIR/results.md (default DIR = results/chaos);
@@ -76,6 +78,7 @@ struct Args {
   std::string fortunes = ref::default_fortune_dir().string();
   bool quick = false;
   bool m16 = false;  ///< also run (d) at M = 16 with four 2x stragglers, push and pull
+  bool ablation = false;  ///< also run (d) on the two halves of the failure tape, push and pull
   /// Target positions per block of the data shards (ref::Shard::block): learner m trains on
   /// blocks j with j mod M = m, spread over the whole corpus; 0: contiguous ranges (each learner
   /// on the fortune files of its range).
@@ -85,13 +88,15 @@ struct Args {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "chaos_demo: %s\n"
-               "usage: chaos_demo [--steps N] [--seed S] [--quick] [--m16] [--out DIR] [--H H] [--eval-examples E]\n"
+               "usage: chaos_demo [--steps N] [--seed S] [--quick] [--m16] [--ablation] [--out DIR] [--H H] [--eval-examples E]\n"
                "                  [--step-ms MS] [--outer-lr LR] [--momentum MU] [--only TEXT] [--fortunes DIR]\n"
                "                  [--clip-factor C] [--weight-cap-factor W] [--shards contiguous|interleaved]\n"
                "  --steps N      inner steps per learner, the budget of every row (default 1200; --quick: 4 H)\n"
                "  --seed S       seed of the model, the data order and the fault tape (default 1)\n"
                "  --quick        a smoke run: 4 H steps, 512 validation examples\n"
                "  --m16          also run Decoupled DiLoCo at M = 16 with 4 learners 2x slower, push and pull\n"
+               "  --ablation     also run Decoupled DiLoCo on the failure tape's two halves: the straggler\n"
+               "                 and the kill, the straggler and the message faults (push and pull)\n"
                "                 (about 4x the compute of an M = 4 row each; off by default)\n"
                "  --out DIR      where results.csv, curves.csv and results.md go (default results/chaos)\n"
                "  --H H          inner steps per outer round (default 30, at least 3)\n"
@@ -121,7 +126,11 @@ Args parse(int argc, char** argv) {
       a.m16 = true;
       continue;
     }
-    if (i + 1 >= argc) usage("every option but --quick and --m16 takes a value");
+    if (flag == "--ablation") {
+      a.ablation = true;
+      continue;
+    }
+    if (i + 1 >= argc) usage("every option but --quick, --m16 and --ablation takes a value");
     const char* value = argv[++i];
     char* end = nullptr;
     if (flag == "--out") {
@@ -198,8 +207,9 @@ static_assert(ddiloco::ClusterTrainer<Learner>);
 
 enum class Kind { data_parallel, diloco, streaming, decoupled, decoupled_no_grace };
 /// straggler: learner 3 of 4 is 3x slower; stragglers: the last quarter of the learners (4 of 16)
-/// are 2x slower.
-enum class Tape { none, chaos, straggler, stragglers };
+/// are 2x slower; straggler_kill and straggler_messages (--ablation): the failure tape without
+/// its message faults, and without its kill.
+enum class Tape { none, chaos, straggler, stragglers, straggler_kill, straggler_messages };
 
 struct Method {
   Kind kind;
@@ -220,6 +230,8 @@ const char* tape_name(Tape t) {
     case Tape::chaos: return "chaos";
     case Tape::straggler: return "straggler";
     case Tape::stragglers: return "stragglers";
+    case Tape::straggler_kill: return "straggler_kill";
+    case Tape::straggler_messages: return "straggler_messages";
   }
   return "?";
 }
@@ -272,7 +284,8 @@ double validation_loss(Context& ctx, std::span<const float> flat) {
 
 /// The failure tape: learner 1 dies a third of the way in and is down for a fifth of the budget
 /// (it restarts and rejoins), learner 3 runs 3x slower throughout, 2% of messages are lost and
-/// every message takes 5 ms + up to 5 ms jitter. The straggler tape has only the slow learner.
+/// every message takes 5 ms + up to 5 ms jitter. The straggler tape has only the slow learner;
+/// --ablation's two tapes have the slow learner and either the kill or the message faults.
 /// The M = 16 tape ("stragglers"): the last quarter of the learners are 2x slower throughout.
 ddiloco::FaultTape make_tape(Tape kind, const Args& a, std::size_t learners) {
   ddiloco::FaultTape tape(a.seed);
@@ -284,12 +297,15 @@ ddiloco::FaultTape make_tape(Tape kind, const Args& a, std::size_t learners) {
   }
   tape.add(ddiloco::Slowdown{3, 3.0, 0, std::nullopt});
   if (kind == Tape::straggler) return tape;
-  tape.add(ddiloco::Kill{1, a.steps / 3, ddiloco::Downtime{a.steps / 5, Duration{0}}});
-  ddiloco::MessageFaults f;
-  f.drop = 0.02;
-  f.latency = 5ms;
-  f.jitter = 5ms;
-  tape.set_message_faults(f);
+  if (kind != Tape::straggler_messages)
+    tape.add(ddiloco::Kill{1, a.steps / 3, ddiloco::Downtime{a.steps / 5, Duration{0}}});
+  if (kind != Tape::straggler_kill) {
+    ddiloco::MessageFaults f;
+    f.drop = 0.02;
+    f.latency = 5ms;
+    f.jitter = 5ms;
+    tape.set_message_faults(f);
+  }
   return tape;
 }
 
@@ -436,6 +452,8 @@ const char* failures_name(Tape t) {
     case Tape::chaos: return "yes";
     case Tape::straggler: return "straggler";
     case Tape::stragglers: return "4 of 16 2x slower";
+    case Tape::straggler_kill: return "straggler + kill";
+    case Tape::straggler_messages: return "straggler + message faults";
   }
   return "?";
 }
@@ -635,6 +653,10 @@ int main(int argc, char** argv) {
       plan.emplace_back(with(methods[3], r, kLearners), Tape::straggler);
       plan.emplace_back(with(no_grace, r, kLearners), Tape::straggler);
     }
+    if (a.ablation)
+      for (Tape t : {Tape::straggler_kill, Tape::straggler_messages})
+        for (ddiloco::RoundMode r : {ddiloco::RoundMode::push, ddiloco::RoundMode::pull})
+          plan.emplace_back(with(methods[3], r, kLearners), t);
     if (a.m16)
       for (ddiloco::RoundMode r : {ddiloco::RoundMode::push, ddiloco::RoundMode::pull})
         plan.emplace_back(with(methods[3], r, kLargeM), Tape::stragglers);
@@ -644,9 +666,11 @@ int main(int argc, char** argv) {
     if (std::none_of(plan.begin(), plan.end(), [&](const auto& mt) { return selected(mt.first, mt.second); })) {
       std::string keys;
       for (const auto& [m, t] : plan) keys += "\n  " + row_key(m, t);
-      std::fprintf(stderr,
-                   "chaos_demo: --only \"%s\" matches no row; pass part of one of these names%s:%s\n",
-                   a.only.c_str(), a.m16 ? "" : " (add --m16 for the M=16 rows)", keys.c_str());
+      std::string more;
+      if (!a.m16) more += " (--m16 adds the M=16 rows)";
+      if (!a.ablation) more += " (--ablation adds the failure tape's halves)";
+      std::fprintf(stderr, "chaos_demo: --only \"%s\" matches no row; pass part of one of these names%s:%s\n",
+                   a.only.c_str(), more.c_str(), keys.c_str());
       return 2;
     }
     std::vector<Row> rows;
