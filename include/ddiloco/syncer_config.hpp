@@ -1,5 +1,6 @@
 // ddiloco/syncer_config.hpp: what a syncer is told (SyncerConfig), its
-// validation, and the bounds derived from it (docs/operations.md, "Bounds").
+// validation, and the bounds derived from it (docs/operations.md, "7. Memory
+// bounds" and "8. Admission bounds").
 //
 // What it is: plain settings with defaults and one validate() that names the
 // bad value; lead_bound() and steps_ceiling() derive the claim bounds of

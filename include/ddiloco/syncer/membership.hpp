@@ -1,5 +1,5 @@
 // ddiloco/syncer/membership.hpp: the syncer's membership: joins and the
-// refusals that name a mismatch (docs/operations.md, "Joins"), observers,
+// refusals that name a mismatch (docs/operations.md, "9. Joins"), observers,
 // leaves, heartbeats and deaths, each learner's position and the global step
 // of pull rounds (the lead bound, the carry past a departed leader;
 // docs/algorithm.md, "Pull rounds (the paper's round)"), and rejoin requests
