@@ -56,7 +56,8 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
     out << "shard_index=" << s.shard_index << "\nshard_count=" << s.shard_count << "\nshard_map=" << s.shard_map << "\n";
     out << "round=" << to_string(round) << "\nglobal_step=" << s.global_step << "\npull_rounds=" << s.pull_rounds
         << "\npulls_sent=" << s.pulls_sent << "\npull_timeouts=" << s.pull_timeouts
-        << "\npull_rounds_empty=" << s.pull_rounds_empty << "\nsteps_beyond_lead=" << s.steps_beyond_lead
+        << "\npull_rounds_empty=" << s.pull_rounds_empty << "\npulls_repeated=" << s.pulls_repeated
+        << "\nanswers_redundant=" << s.answers_redundant << "\nsteps_beyond_lead=" << s.steps_beyond_lead
         << "\nfrontier_carries=" << s.frontier_carries << "\n";
     for (std::size_t i = 0; i < kRejectReasons; ++i)
       out << "rejected_" << to_string(static_cast<RejectReason>(i)) << "=" << s.rejected[i] << "\n";
@@ -102,7 +103,8 @@ std::string tally_lines(const S& syncer) {
     const std::string key = "learner_" + std::to_string(id) + "_";
     out += key + "step=" + std::to_string(t->step) + "\n" + key + "contributions=" +
            std::to_string(t->contributions) + "\n" + key + "accepted=" + std::to_string(t->accepted) + "\n" + key +
-           "rejected=" + std::to_string(t->rejected_total()) + "\n" + key + "rejected_other=" +
+           "rejected=" + std::to_string(t->rejected_total()) + "\n" + key + "redundant=" +
+           std::to_string(t->redundant) + "\n" + key + "rejected_other=" +
            std::to_string(t->rejected_other()) + "\n";
     for (std::size_t i = 0; i < kRejectReasons; ++i)
       out += key + "rejected_" + std::string(to_string(static_cast<RejectReason>(i))) + "=" +
@@ -118,6 +120,9 @@ std::string round_line(RoundMode round, const SyncerStatus& s) {
   return " round pull global-step " + std::to_string(s.global_step) + " pull-rounds " + std::to_string(s.pull_rounds) +
          " pulls-sent " + std::to_string(s.pulls_sent) + " pull-timeouts " + std::to_string(s.pull_timeouts) +
          " pull-rounds-empty " + std::to_string(s.pull_rounds_empty) +
+         (s.pulls_repeated != 0 ? " pulls-repeated " + std::to_string(s.pulls_repeated) +
+                                      " answers-redundant " + std::to_string(s.answers_redundant)
+                                : std::string()) +
          (s.steps_beyond_lead != 0 ? " steps-beyond-lead " + std::to_string(s.steps_beyond_lead) : std::string()) +
          (s.frontier_carries != 0 ? " frontier-carries " + std::to_string(s.frontier_carries) : std::string());
 }
@@ -160,6 +165,7 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, std::vector<C
   sc.sync_every = f.count("sync-every");  // a learner with another H or tau is refused, with both named
   sc.round = cli::round_from_flags(f);     // a learner with the other mode is refused, with both named
   sc.pull_timeout = std::chrono::milliseconds(f.count("pull-timeout-ms"));
+  sc.reask_after_steps = f.count("reask-after-steps");
   // Admission (docs/algorithm.md, "Validation and staleness"): bounded claims,
   // the robust norm reference, clipping and the weight cap.
   sc.max_tokens_per_step = f.count("max-tokens-per-step");
@@ -345,6 +351,10 @@ int main(int argc, char** argv) try {
         "pull rounds: the longest a round waits for the answers to its pulls before merging those in (later "
         "answers go to the fragment's next round); 0: twice the larger of (tau + 1) x the measured inner-step "
         "time and the measured pull-to-answer time, at most --deadline-ms");
+  f.add("reask-after-steps", "3",
+        "pull rounds: ask a pulled learner once more when it has reported this many steps past the pull with no "
+        "answer in (the pull or the answer was likely lost); one of its two answers is merged, the other dropped "
+        "(answers_redundant); 0: never ask twice");
   f.add("quorum", "1", "K: minimum distinct contributions before a merge");
   f.add("grace-gamma", "0.3", "gamma: safety factor of the adaptive grace window (0 disables the window)");
   f.add("grace-cap-ms", "1000", "cap of the grace window, milliseconds (about one inner step)");

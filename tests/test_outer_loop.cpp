@@ -1427,6 +1427,26 @@ OuterLoopConfig pull_learner(LearnerId id, std::size_t tau) {
   c.round = RoundMode::pull;
   return c;
 }
+/// Learner 1 in pull rounds (H = 4, tau = 1), joined to a pull syncer.
+struct OnePullLearner {
+  Rig r{1024, {}, pull_config(/*tau=*/1)};
+  VecParams a = zero_params();
+  InProcessLearnerTransport ta = r.net.learner(1);
+  Outer la{r.plan, ta, pull_learner(1, 1)};
+  OnePullLearner() { r.join(la, a); }
+};
+/// The syncer's pull of fragment 1 at `slot` (version 0) to learner 1; a second ask if `repeat`.
+Message pull_of_fragment_1(const Plan& plan, std::uint64_t slot, bool repeat = false) {
+  Message m;
+  m.type = MessageType::pull;
+  m.fingerprint = plan.fingerprint();
+  m.learner = 1;
+  m.fragment = 1;
+  m.version = 0;
+  m.step = slot;
+  m.repeat = repeat;
+  return m;
+}
 std::vector<Message> of_type(const std::vector<Message>& seen, MessageType t) {
   std::vector<Message> r;
   for (const auto& m : seen)
@@ -1484,6 +1504,117 @@ TEST_CASE("Pull rounds: each fragment is pulled at its slot from every learner w
   CHECK(la.status().pulls == 1);
 }
 
+TEST_CASE("Pull rounds: a learner whose answer is lost is asked again once it has moved on, and its steps reach "
+          "the merge; the first answer, arriving after all, is dropped, not merged twice",
+          "[outer_loop][pull]") {
+  // H = 4, P = 2, tau = 1: fragment 1's slot is global step 2; both learners answer it after step 3.
+  // Learner 1's answer does not reach the syncer; the round waits for it (no time passes, so the
+  // pull time-out never comes). The syncer pulled learner 1 at its step 2, so its metadata for step
+  // 2 + reask_after_steps (3) = 5 brings a second ask, answered after step 6 with every step since
+  // its base: the merge holds learner 1's 6 steps and learner 2's 3.
+  const bool late = GENERATE(false, true);  // the first answer is lost / only late
+  INFO((late ? "late" : "lost"));
+  Rig r(1024, {}, pull_config(/*tau=*/1));
+  REQUIRE(r.syncer.config().reask_after_steps == 3);
+  VecParams a = zero_params(), b = zero_params();
+  auto ta = r.net.learner(1), tb = r.net.learner(2);
+  Outer la(r.plan, ta, pull_learner(1, 1)), lb(r.plan, tb, pull_learner(2, 1));
+  r.join(la, a);
+  r.join(lb, b);
+  std::optional<Message> held;  // learner 1's first answer, kept from the syncer
+  const auto pump = [&] {
+    while (auto m = r.link.try_receive()) {
+      if (!held && m->type == MessageType::contribution && m->learner == 1 && m->fragment == 1) {
+        held = std::move(*m);
+        continue;
+      }
+      r.seen.push_back(*m);
+      r.syncer.handle(*m, r.out);
+      for (auto& o : r.out) r.link.send_to(o.to, std::move(o.message));
+      r.out.clear();
+    }
+  };
+  for (int s = 1; s <= 6; ++s) {
+    inner_step(a), la.step(a, 16);
+    inner_step(b), lb.step(b, 16);
+    pump();
+    if (s < 5) CHECK(r.syncer.status().pulls_repeated == 0);
+    if (s < 6) CHECK(r.syncer.status().fragments[1].merges == 0);  // learner 1's answer is awaited
+  }
+  REQUIRE(held.has_value());
+  CHECK_FALSE(held->repeat);
+  CHECK(held->steps == 3);
+  const auto st = r.syncer.status();
+  CHECK(st.pulls_repeated == 1);
+  CHECK(la.status().pulls_repeated == 1);
+  CHECK(lb.status().pulls_repeated == 0);
+  std::vector<Message> again;
+  for (const auto& m : r.contributions())
+    if (m.learner == 1 && m.fragment == 1) again.push_back(m);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].repeat);
+  CHECK(again[0].version == 0);  // the same base as the lost answer: every step since it
+  CHECK(again[0].steps == 6);
+  CHECK(again[0].tokens == 6 * 16);
+  CHECK(st.fragments[1].merges == 1);
+  CHECK(st.fragments[1].last_quorum_size == 2);
+  CHECK(st.pull_timeouts == 0);
+  // Equal weights: Theta_1 = the mean of the two learners' fragments, after 6 and 3 steps.
+  CHECK(r.global_tensor(kB) == local_after(kB, 4.5));
+  CHECK(r.global_tensor(kC) == local_after(kC, 4.5));
+  if (late) {
+    const auto global = r.syncer.global_parameters();
+    r.syncer.handle(*held, r.out);
+    r.out.clear();
+    const auto after = r.syncer.status();
+    CHECK(after.answers_redundant == 1);
+    CHECK(after.rejected_total() == st.rejected_total());
+    CHECK(after.contributions_accepted == st.contributions_accepted);
+    CHECK(after.fragments[1].merges == 1);
+    CHECK(r.syncer.global_parameters() == global);
+  }
+  CHECK(r.syncer.status().rejected_total() == 0);
+}
+
+TEST_CASE_METHOD(OnePullLearner,
+                 "Pull rounds: a learner answers a second ask of the pull it answered once, from the same base, and not "
+                 "one for a pull whose answer is still to be sent",
+                 "[outer_loop][pull]") {
+  for (int s = 1; s <= 2; ++s) {
+    inner_step(a), la.step(a, 16);
+    r.pump();  // global step 2: fragment 1's round pulls learner 1
+  }
+  REQUIRE(r.syncer.status().pulls_sent == 1);
+  const Message ask = pull_of_fragment_1(r.plan, 2, /*repeat=*/true);  // the same pull, asked again
+  // Before the answer went out: the second ask changes nothing (one answer, not marked).
+  r.link.send_to(1, Message(ask));
+  inner_step(a), la.step(a, 16);
+  auto got = r.intercept();
+  std::vector<Message> answers;
+  for (auto& m : got)
+    if (m.type == MessageType::contribution) answers.push_back(m);
+  REQUIRE(answers.size() == 1);
+  CHECK_FALSE(answers[0].repeat);
+  CHECK(la.status().pulls_repeated == 0);
+  // After it: answered again, marked, with every step since the base; a copy of the ask (a
+  // duplicated message) and a later one are not answered a third time.
+  r.link.send_to(1, Message(ask));
+  r.link.send_to(1, Message(ask));
+  answers.clear();
+  for (int s = 4; s <= 6; ++s) {
+    if (s == 5) r.link.send_to(1, Message(ask));
+    inner_step(a), la.step(a, 16);
+    for (auto& m : r.intercept())
+      if (m.type == MessageType::contribution) answers.push_back(m);
+  }
+  REQUIRE(answers.size() == 1);
+  CHECK(answers[0].repeat);
+  CHECK(answers[0].fragment == 1);
+  CHECK(answers[0].version == 0);
+  CHECK(answers[0].steps == 4);
+  CHECK(la.status().pulls_repeated == 1);
+}
+
 TEST_CASE("Pull rounds are the default: a learner whose config names no round joins a pull syncer, sends metadata "
           "every step and answers its pull",
           "[outer_loop][pull]") {
@@ -1539,11 +1670,10 @@ TEST_CASE("prepare_step() names exactly the fragments the next step reads or wri
     CHECK((!quiet.sent && quiet.applied == 0));
   }
   SECTION("a message that arrives between prepare_step() and step() waits for the step after") {
-    Rig r(1024, {}, pull_config(/*tau=*/1));
-    VecParams a = zero_params();
-    auto ta = r.net.learner(1);
-    Outer la(r.plan, ta, pull_learner(1, 1));
-    r.join(la, a);
+    OnePullLearner one;
+    Rig& r = one.r;
+    VecParams& a = one.a;
+    Outer& la = one.la;
     for (int s = 1; s <= 2; ++s) {
       inner_step(a), la.step(a, 16);
       if (s == 1) r.pump();
@@ -1858,14 +1988,11 @@ TEST_CASE("Pull rounds: a duplicated pull is answered once", "[outer_loop][pull]
   CHECK(r.syncer.status().fragments[1].last_quorum_size == 1);
 }
 
-TEST_CASE("Pull rounds: a learner that outran the merge round trip waits for the global on its way instead of "
-          "answering on a base the syncer can no longer anchor at",
-          "[outer_loop][pull]") {
-  Rig r(1024, {}, pull_config(/*tau=*/1));  // anchor_versions = 1: one previous global kept
-  VecParams a = zero_params();
-  auto ta = r.net.learner(1);
-  Outer la(r.plan, ta, pull_learner(1, 1));
-  r.join(la, a);
+TEST_CASE_METHOD(OnePullLearner,
+                 "Pull rounds: a learner that outran the merge round trip waits for the global on its way instead of "
+                 "answering on a base the syncer can no longer anchor at",
+                 "[outer_loop][pull]") {
+  // anchor_versions = 1: one previous global kept.
   // The syncer's globals are held back (a slow down-link) until `hold` is lifted.
   std::vector<Outbox::value_type> held;
   bool hold = true;
@@ -1914,24 +2041,11 @@ TEST_CASE("Pull rounds: a learner that outran the merge round trip waits for the
   CHECK(la.status().pulls_deferred_steps == 2);  // steps 11 and 12
 }
 
-TEST_CASE("Pull rounds: a pull repeated after a time-out, of the version just answered from the same base, is not "
-          "answered twice within H steps; later it is (the answer may have been lost)",
-          "[outer_loop][pull]") {
-  Rig r(1024, {}, pull_config(/*tau=*/1));
-  VecParams a = zero_params();
-  auto ta = r.net.learner(1);
-  Outer la(r.plan, ta, pull_learner(1, 1));
-  r.join(la, a);
-  auto pull = [&](std::uint64_t slot) {
-    Message m;
-    m.type = MessageType::pull;
-    m.fingerprint = r.plan.fingerprint();
-    m.learner = 1;
-    m.fragment = 1;
-    m.version = 0;
-    m.step = slot;
-    r.link.send_to(1, std::move(m));
-  };
+TEST_CASE_METHOD(OnePullLearner,
+                 "Pull rounds: a pull repeated after a time-out, of the version just answered from the same base, is not "
+                 "answered twice within H steps; later it is (the answer may have been lost)",
+                 "[outer_loop][pull]") {
+  auto pull = [&](std::uint64_t slot) { r.link.send_to(1, pull_of_fragment_1(r.plan, slot)); };
   auto step = [&] {
     inner_step(a);
     la.step(a, 16);

@@ -1787,13 +1787,20 @@ TEST_CASE("Pull rounds: the derived pull time-out learns the time a pull takes t
   std::vector<std::pair<TimePoint, Message>> due;  // (when, pull) answers on their way
   std::uint64_t sequence = Rig::seq0();
   std::vector<std::uint64_t> timeouts_by_round;
+  std::uint64_t repeats = 0;
   for (std::uint64_t step = 1; step <= 400; ++step) {
     r.clock.advance(1ms);
     r.out.clear();
     s.handle(test::metadata_message(r.plan, 1, step), r.out);
     s.tick(r.out);
-    for (const auto& o : r.out)
-      if (o.message.type == MessageType::pull) due.emplace_back(r.clock.now() + kAnswerDelay, o.message);
+    for (const auto& o : r.out) {
+      if (o.message.type != MessageType::pull) continue;
+      if (o.message.repeat) {
+        ++repeats;  // (answered by the answer on its way)
+        continue;
+      }
+      due.emplace_back(r.clock.now() + kAnswerDelay, o.message);
+    }
     for (auto it = due.begin(); it != due.end();) {
       if (it->first > r.clock.now()) {
         ++it;
@@ -1817,4 +1824,58 @@ TEST_CASE("Pull rounds: the derived pull time-out learns the time a pull takes t
   CHECK(timeouts_by_round[0] == 2);
   CHECK(timeouts_by_round[3] == timeouts_by_round[0]);
   CHECK(st.rejected[static_cast<std::size_t>(RejectReason::stale)] == 0);
+  // A second ask waits for 1.5 times the measured answer time as well as reask_after_steps (3)
+  // steps: only each fragment's first round, before an answer was measured, asks twice.
+  CHECK(repeats == 2);
+  CHECK(st.pulls_repeated == 2);
+  CHECK(st.answers_redundant == 0);
+}
+
+TEST_CASE("Pull rounds: a pulled learner that moves reask_after_steps on with no answer in is asked once more, once "
+          "per round, and `repeat` answers only such a second ask",
+          "[syncer][pull]") {
+  const std::uint64_t after = GENERATE(std::uint64_t{0}, std::uint64_t{3}, std::uint64_t{5});
+  INFO("reask_after_steps = " << after);
+  Rig r;
+  pull_rounds(r.config, 16);  // two fragments: slots at global steps 8 + 16 n and 16 n (one of each)
+  r.config.pull_timeout = 10s;
+  r.config.reask_after_steps = after;
+  Syncer<> s(r.plan, r.init, r.clock, r.config);
+  r.join(s, 1);
+  std::map<std::size_t, std::vector<std::uint64_t>> asked, again;  // fragment -> steps at which it was (re)asked
+  std::optional<Message> first_pull;
+  for (std::uint64_t step = 1; step <= 14; ++step) {
+    metadata_tick(r, s, 1, step);
+    for (const auto& o : r.out) {
+      if (o.message.type != MessageType::pull) continue;
+      (o.message.repeat ? again : asked)[o.message.fragment].push_back(step);
+      if (!first_pull) first_pull = o.message;
+    }
+  }
+  // Fragment q's slot at global step 8 pulls learner 1 at its step 8; nothing answers.
+  REQUIRE(first_pull.has_value());
+  const std::size_t q = first_pull->fragment;
+  CHECK(asked[q] == std::vector<std::uint64_t>{8});
+  if (after == 0) {
+    CHECK(again.empty());
+  } else {
+    CHECK(again[q] == std::vector<std::uint64_t>{8 + after});  // once, at the step named
+    CHECK(again.size() == 1);
+  }
+  CHECK(s.status().pulls_repeated == (after == 0 ? 0 : 1));
+  // A contribution marked `repeat` answers an open second ask only: refused otherwise, owing
+  // nothing; the answer itself is merged.
+  r.steps_so_far[1] = 0;
+  Message marked = r.contribution(1, q, 0.5f, Rig::seq0() + 1, 0, 1, 10);
+  marked.repeat = true;
+  r.out.clear();
+  s.handle(marked, r.out);
+  const auto rejected = [&](RejectReason why) { return s.status().rejected[static_cast<std::size_t>(why)]; };
+  CHECK(rejected(RejectReason::unsolicited) == (after == 0 ? 1 : 0));
+  if (after == 0) {
+    r.steps_so_far[1] = 0;
+    s.handle(r.contribution(1, q, 0.5f, Rig::seq0() + 2, 0, 1, 10), r.out);
+  }
+  CHECK(s.status().fragments[q].merges == 1);
+  CHECK(s.status().contributions_accepted == 1);
 }

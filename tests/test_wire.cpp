@@ -113,6 +113,7 @@ void require_same_header(const Message& a, const Message& b) {
   REQUIRE(a.steps == b.steps);
   REQUIRE(a.tokens == b.tokens);
   REQUIRE(a.step == b.step);
+  REQUIRE(a.repeat == b.repeat);
 }
 
 }  // namespace
@@ -303,6 +304,42 @@ TEST_CASE("pull rounds' metadata (type 10) and pull (type 11) are one header eac
   }
   CHECK(ddiloco::to_string(MessageType::metadata) == "metadata");
   CHECK(ddiloco::to_string(MessageType::pull) == "pull");
+}
+
+TEST_CASE("a second ask (pull) and its answer (contribution) carry `repeat` in bit 31 of the fragment field, and "
+          "no other message can",
+          "[wire]") {
+  for (const MessageType type : {MessageType::pull, MessageType::contribution}) {
+    for (const bool repeat : {false, true}) {
+      Message m = sample(type, type == MessageType::contribution ? 8 : 0);
+      m.repeat = repeat;
+      const Bytes f = ddiloco::encode_frame(m, Codec::fp32);
+      CHECK(get(f, 20, 4) == (repeat ? 0x8000'0000ULL : 0ULL) + 17);
+      const auto r = ddiloco::decode_frame(f);
+      REQUIRE(r.ok());
+      require_same_header(m, r.value());
+      const auto kept = ddiloco::decode_frame_keep_encoded(f, {}, nullptr);
+      REQUIRE(kept.ok());
+      require_same_header(m, kept.value());
+    }
+    // An index that would collide with the bit is refused, naming the bound.
+    Message big = sample(type, type == MessageType::contribution ? 8 : 0);
+    big.fragment = 0x8000'0000U;
+    CHECK_THROWS_WITH(ddiloco::encode_frame(big, Codec::fp32), Catch::Contains("below 2^31"));
+  }
+  // Elsewhere the field is the message's own (a join's shard bits stay as sent), and `repeat` is refused.
+  Message join = sample(MessageType::join, 0);
+  join.fragment = 0xFFFF'FF02U;
+  const auto r = ddiloco::decode_frame(ddiloco::encode_frame(join, Codec::fp32));
+  REQUIRE(r.ok());
+  CHECK(r.value().fragment == 0xFFFF'FF02U);
+  CHECK_FALSE(r.value().repeat);
+  for (const MessageType type : all_types) {
+    if (type == MessageType::pull || type == MessageType::contribution) continue;
+    Message m = sample(type, 0);
+    m.repeat = true;
+    CHECK_THROWS_WITH(ddiloco::encode_frame(m, Codec::fp32), Catch::Contains("cannot be a repeat"));
+  }
 }
 
 TEST_CASE("an error-feedback payload is framed as is and decodes to its dequantised values", "[wire]") {

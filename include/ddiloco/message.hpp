@@ -45,7 +45,10 @@
 //   syncer  -> learner pull            pull rounds: "send me fragment `fragment` now" (`version` =
 //                                      the syncer's version of it, the round's anchor). The learner
 //                                      answers with a contribution at its next step boundary, from
-//                                      its training loop, never blocking it.
+//                                      its training loop, never blocking it. `repeat`: a second
+//                                      ask for the same round (the first pull or its answer
+//                                      looked lost); a learner that answered it already answers
+//                                      again, with `repeat` set on the contribution.
 // A join states the learner's schedule: `steps` = H, `tokens` = tau (0, 0: unstated), in
 // `fragment` its RoundMode (0: unstated, a learner predating pull rounds: push), its
 // inner step counter in `step`, and in `version` the most tokens one of its inner steps
@@ -208,6 +211,12 @@ struct Message {
   std::int64_t steps = 0;         ///< contribution: inner steps in this outer gradient
   std::int64_t tokens = 0;        ///< contribution: tokens in this outer gradient
   std::uint64_t step = 0;         ///< sender's inner step counter when sent (observability)
+  /// Pull rounds. A pull: a second ask for the same round's answer (the
+  /// learner's step counter moved on and no answer came: the first pull or its
+  /// answer may be lost). A contribution: the answer to such a second ask,
+  /// from the same base as the first answer (the syncer merges only one of
+  /// the two). On the wire: bit 31 of the fragment field.
+  bool repeat = false;
   Payload payload;                ///< may be null for control messages
   /// Set instead of `payload` for a contribution kept in its wire encoding.
   std::optional<EncodedPayload> encoded;

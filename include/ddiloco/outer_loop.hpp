@@ -162,6 +162,8 @@ struct OuterLoopStatus {
   std::uint64_t lock_step_timeouts = 0;
   std::uint64_t rejoins = 0;            ///< joins again asked for by the syncer (MessageType::rejoin)
   std::uint64_t pulls = 0;              ///< pull requests received (pull rounds)
+  /// Pull rounds: second asks answered again (the first answer may have been lost).
+  std::uint64_t pulls_repeated = 0;
   /// Pull rounds: steps at which a pull's answer waited for a global on its
   /// way (its base was older than the syncer can anchor at), summed over pulls.
   std::uint64_t pulls_deferred_steps = 0;
@@ -350,7 +352,11 @@ class OuterLoop {
     pending_.clear();
     pulls_.clear();
     arrived_.clear();
-    for (auto& f : frags_) f = FragmentState{std::vector<float>(f.base.size()), 0, {}, 0, {}, 0, 0, false, {}, 0, {}, 0, 0, {}, {}, 0};
+    for (auto& f : frags_) {
+      const std::size_t n = f.base.size();
+      f = FragmentState{};
+      f.base.assign(n, 0.0f);
+    }
     send_join();
   }
 
@@ -454,8 +460,10 @@ class OuterLoop {
           ++i;
           continue;
         }
+        const bool again = pf.repeat_answer;
         if (send_fragment(pulls_[i], params)) {
-          pf.answer = typename FragmentState::Answer{pf.pulled_round ? pf.pulled_round->second : 0, pf.base_version, step_};
+          pf.answer = typename FragmentState::Answer{pf.pulled_round ? pf.pulled_round->second : 0, pf.base_version,
+                                                     step_, again};
           report.sent = pulls_[i];
           pulls_.erase(pulls_.begin() + static_cast<std::ptrdiff_t>(i));
         } else {
@@ -586,8 +594,10 @@ class OuterLoop {
       std::uint64_t pull_version = 0;  ///< the version the pull it answered named
       std::uint64_t base_version = 0;  ///< this learner's base then
       std::uint64_t step = 0;          ///< its step then
+      bool repeated = false;           ///< it answered a second ask (answered at most once)
     };
     std::optional<Answer> answer;
+    bool repeat_answer = false;  ///< the next answer is a second one (Message::repeat)
     /// OuterLoopConfig::announce_applies: the global announced, applied at
     /// the next step that may apply.
     Payload announced;
@@ -746,7 +756,20 @@ class OuterLoop {
       // m.step, same version) is ignored. (Not "older than": a restored syncer
       // counts global steps from 0 again.)
       auto& f = frags_[m.fragment];
+      const bool pending = std::find(pulls_.begin(), pulls_.end(), m.fragment) != pulls_.end();
       if (f.pulled_round && *f.pulled_round == std::make_pair(m.step, m.version)) {
+        // A second ask of a pull taken (the syncer's step counter of this
+        // learner moved on and no answer came): an answer still to send goes
+        // out as planned; one sent from the base this learner still holds may
+        // be lost, so it answers again, marked `repeat` (the syncer merges
+        // one of the two), once. After a newer global was applied, the round is over.
+        if (m.repeat && !pending && f.answer && !f.answer->repeated && f.answer->pull_version == m.version &&
+            f.answer->base_version == f.base_version) {
+          ++status_.pulls_repeated;
+          f.repeat_answer = true;
+          pulls_.push_back(m.fragment);
+          return;
+        }
         ++status_.ignored;
         return;
       }
@@ -764,7 +787,7 @@ class OuterLoop {
       f.pull_floor = m.tokens > 0 ? static_cast<std::uint64_t>(m.tokens) : 0;
       f.pulled_at_step = step_;
       ++status_.pulls;
-      if (std::find(pulls_.begin(), pulls_.end(), m.fragment) == pulls_.end()) pulls_.push_back(m.fragment);
+      if (!pending) pulls_.push_back(m.fragment);
       return;
     }
     const bool global = m.type == MessageType::global_fragment || m.type == MessageType::full_state;
@@ -990,6 +1013,7 @@ class OuterLoop {
     m.sequence = sequence_ + 1;
     m.steps = steps;
     m.tokens = static_cast<std::int64_t>(tokens_total_ - f.tokens_at_reset);
+    m.repeat = f.repeat_answer;
     local_.resize(f.base.size());
     std::optional<Codec> codec;
     if constexpr (ContributionEncodingTransport<Transport>) codec = transport_->contribution_codec();
@@ -1004,6 +1028,7 @@ class OuterLoop {
     }
     ++sequence_;
     ++status_.sends;
+    f.repeat_answer = false;
     if (config_.round == RoundMode::push) {
       // Push: the next send carries only the progress made after this one.
       f.base.swap(local_);

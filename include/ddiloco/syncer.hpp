@@ -251,6 +251,7 @@ class Syncer {
         touch(m.learner, now, m.step);
         open_due_rounds(now, out);
         refresh_waiting_rounds(now, out);
+        reask_missing(m.learner, now, out);
         return send_rejoin_requests(out);
       case MessageType::contribution: on_contribution(m, now, out); return send_rejoin_requests(out);
       case MessageType::join:
@@ -534,6 +535,7 @@ class Syncer {
       f.pulled.clear();
       f.answered.clear();
       f.owed.clear();  // pulls of before the restore: their answers are unsolicited (the learner is pulled again)
+      f.reasked.clear();
       f.version_steps.assign(1, {f.version, 0});
       f.previous.clear();  // the global step restarts at 0 (not saved)
       f.contributors.clear();
@@ -609,6 +611,7 @@ class Syncer {
     frontier_.reset();
     opened_through_ = 0;
     waiting_rounds_.clear();
+    pulling_rounds_.clear();
     merges_total_.store(merges, std::memory_order_relaxed);
   }
 
@@ -755,7 +758,8 @@ class Syncer {
     // with progress on p) -> pulling (answers awaited) -> merge -> none.
     enum class Phase : std::uint8_t { none, waiting, pulling } phase = Phase::none;
     std::uint64_t round_step = 0;     ///< the global step at which the open round's slot came
-    std::set<LearnerId> pulled;       ///< the learners asked for p in this round
+    /// The learners asked for p in this round, each with its step counter then.
+    std::map<LearnerId, std::uint64_t> pulled;
     std::set<LearnerId> answered;     ///< ... whose answer has been admitted (accepted or rejected)
     TimePoint pulled_at{0};
     bool graced = false;  ///< the open round's pull waited for a grace window
@@ -776,6 +780,17 @@ class Syncer {
     /// At most one entry per known learner (start_pull drops forgotten ones).
     static constexpr std::uint8_t kOwedAnswers = 4;
     std::map<LearnerId, std::uint8_t> owed;
+    /// The learners asked a second time (reask_missing(); Message::repeat):
+    /// the slot of the round they were asked again in, and whether an answer
+    /// from them has come since. Until the second of the two possible answers
+    /// comes (or a later round asks it twice again), one that comes after an
+    /// answer is dropped (answers_redundant), not merged: the syncer asked
+    /// twice, it merges once. At most one entry per known learner.
+    struct Reask {
+      std::uint64_t round_step = 0;
+      bool answered = false;
+    };
+    std::map<LearnerId, Reask> reasked;
     /// Pull rounds: the previous globals (version, values), oldest first, at
     /// most SyncerConfig::anchor_versions, to anchor contributions (anchor()).
     std::deque<std::pair<std::uint64_t, Payload>> previous;
@@ -824,6 +839,16 @@ class Syncer {
   void reject(RejectReason r) {
     std::unique_lock lock(members_mutex_);
     ++counters_.rejected[static_cast<std::size_t>(r)];
+  }
+  /// A second answer of a learner asked twice, dropped (not a rejection).
+  void count_redundant(const Message& m) {
+    {
+      std::unique_lock lock(members_mutex_);
+      ++counters_.answers_redundant;
+    }
+    if (tallies_.empty()) return;
+    std::lock_guard lock(tally_mutex_);
+    if (auto it = tallies_.find(m.learner); it != tallies_.end()) ++it->second.redundant;
   }
   void reject(RejectReason r, const Message& m) {
     reject(r);
@@ -947,7 +972,10 @@ class Syncer {
   //      then the grace window, or all of them;
   //   3. a pull goes to every learner with progress on p (start_pull), phase
   //      pulling; each answers with a contribution at its next step boundary;
-  //   4. once every pulled learner has answered or died, or at the pull
+  //   4. a pulled learner whose step counter moves reask_after_steps past
+  //      its step at the pull with no answer in is asked once more
+  //      (reask_missing(), a pull with Message::repeat);
+  //   5. once every pulled learner has answered or died, or at the pull
   //      time-out, the answers are merged (merge()) and Theta_p goes out.
   // Contributions that arrive outside a round (a late answer) stay in the
   // accumulator and are merged in the fragment's next round.
@@ -959,6 +987,8 @@ class Syncer {
   void set_phase(std::size_t p, FragmentState& f, typename FragmentState::Phase phase);
   bool decide_pull(std::size_t p, FragmentState& f, TimePoint now, Outbox& out);
   void start_pull(std::size_t p, FragmentState& f, TimePoint now, Outbox& out);
+  Message pull_message(std::size_t p, const FragmentState& f, LearnerId id, bool repeat) const;
+  void reask_missing(LearnerId id, TimePoint now, Outbox& out);
   void close_pull_round(std::size_t p, FragmentState& f);
   Duration pull_timeout(const FragmentState& f) const;
 
@@ -1016,6 +1046,7 @@ class Syncer {
   std::optional<LearnerId> frontier_;  ///< the learner whose step last moved the global step
   std::uint64_t opened_through_ = 0;
   std::vector<std::size_t> waiting_rounds_;  ///< fragments whose pull round waits for its quorum
+  std::vector<std::size_t> pulling_rounds_;  ///< fragments whose pull round waits for its answers
   detail::Ema step_seconds_{0.1};            ///< inner-step time over all learners' messages
 };
 

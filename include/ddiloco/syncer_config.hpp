@@ -162,6 +162,17 @@ struct SyncerConfig {
   /// every round), at least 1 ms, at most quorum.deadline (which it is until
   /// a step time is known).
   Duration pull_timeout = Duration{0};
+  /// Pull rounds: a pulled learner that has reported this many inner steps
+  /// past its step at the pull with no answer in, once 1.5 times the
+  /// fragment's measured pull-to-answer time has passed, is asked once more
+  /// (a pull with Message::repeat) before the round's time-out: the pull or
+  /// its answer was most likely lost (a learner answers at its next step
+  /// boundary), and without the second ask that learner's steps on the
+  /// fragment are lost when it applies the merge it was left out of. It
+  /// answers the second ask at its next step boundary, again from the same
+  /// base if it had answered; the syncer merges one of the two answers and
+  /// drops the other (SyncerStatus::answers_redundant). 0: never ask twice.
+  std::uint64_t reask_after_steps = 3;
   /// Pull rounds: a learner answers with v = Theta_p^(b) - theta, measured
   /// from the global b it last applied (what the codecs compress: a small
   /// difference). The merge wants the paper's outer gradient
@@ -293,6 +304,9 @@ inline void validate(const SyncerConfig& c) {
   if (c.pull_timeout < Duration{0})
     throw InvalidArgument(detail::msg("SyncerConfig::pull_timeout = ", c.pull_timeout.count(),
                                       " ns must be >= 0 (0: derived from the step time)"));
+  if (c.reask_after_steps > (std::uint64_t{1} << 20))
+    throw InvalidArgument(detail::msg("SyncerConfig::reask_after_steps = ", c.reask_after_steps,
+                                      " steps is above 2^20; use a few steps (default 3), or 0 to never ask twice"));
   if (c.max_lead > (std::uint64_t{1} << 40))
     throw InvalidArgument(detail::msg("SyncerConfig::max_lead = ", c.max_lead,
                                       " steps is above 2^40; use a few times H, or 0 to derive it (64 x H)"));

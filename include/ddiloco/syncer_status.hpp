@@ -69,7 +69,7 @@ constexpr std::string_view to_string(RejectReason r) noexcept {
 
 /// One learner's contributions as the syncer handled them (SyncerConfig::tally_learners).
 /// `contributions` counts every contribution from the id as it arrives, so
-/// `contributions - accepted` are all its rejected contributions, whatever
+/// `contributions - accepted - redundant` are all its rejected contributions, whatever
 /// check refused them (once the syncer has handled what arrived); `rejected`
 /// breaks down those refused by the checks that name the learner (foreign
 /// plan, size, counters, finiteness, duplicate, stale, future version, norm).
@@ -77,9 +77,11 @@ struct LearnerTally {
   std::uint64_t step = 0;  ///< the highest inner step counter (Message::step) its contributions carried
   std::uint64_t contributions = 0;
   std::uint64_t accepted = 0;
+  /// Pull rounds: second answers to a pull asked twice, dropped (merged once; not rejections).
+  std::uint64_t redundant = 0;
   std::array<std::uint64_t, kRejectReasons> rejected{};  ///< messages from this id refused, by reason
   [[nodiscard]] std::uint64_t rejected_total() const noexcept {
-    return contributions > accepted ? contributions - accepted : 0;
+    return contributions > accepted + redundant ? contributions - accepted - redundant : 0;
   }
   /// Rejected contributions under no reason of `rejected` (e.g. unknown_learner).
   [[nodiscard]] std::uint64_t rejected_other() const noexcept {
@@ -204,6 +206,11 @@ struct SyncerStatus {
   std::uint64_t pulls_sent = 0;
   std::uint64_t pull_timeouts = 0;
   std::uint64_t pull_rounds_empty = 0;
+  /// Pull rounds: second asks sent (SyncerConfig::reask_after_steps: a pulled
+  /// learner moved on with no answer in), and second answers dropped because
+  /// the first had come (each pull is merged once; not counted as rejections).
+  std::uint64_t pulls_repeated = 0;
+  std::uint64_t answers_redundant = 0;
   /// Pull rounds: messages whose step counter put their learner more than
   /// SyncerConfig::max_lead ahead of every other alive learner (the global
   /// step counted it at the runner-up plus the lead). Honest runs show a few

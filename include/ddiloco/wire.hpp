@@ -14,12 +14,14 @@
 //   offset size field
 //        0    4 magic              "DDLF" (0x44 0x44 0x4C 0x46)
 //        4    2 protocol version   1
-//        6    1 message type       MessageType (1..9)
+//        6    1 message type       MessageType (1..11)
 //        7    1 codec              Codec (0..4)
 //        8    8 fingerprint        Message::fingerprint
 //       16    4 learner            Message::learner
 //       20    4 fragment           Message::fragment (a join's: its RoundMode in bits 0-7,
-//                                  the syncer shard it addresses in bits 8-31, shard_map.hpp)
+//                                  the syncer shard it addresses in bits 8-31, shard_map.hpp;
+//                                  a pull's or a contribution's: the index in bits 0-30 and
+//                                  Message::repeat in bit 31)
 //       24    8 version            Message::version (base version of a contribution;
 //                                  a join's declared tokens per inner step, 0: unstated)
 //       32    8 sequence           Message::sequence
@@ -210,6 +212,12 @@ constexpr bool carries_payload(MessageType t) noexcept {
   return t == MessageType::full_state || t == MessageType::contribution || t == MessageType::global_fragment;
 }
 
+/// Messages whose fragment field holds Message::repeat in its top bit.
+constexpr bool may_repeat(MessageType t) noexcept {
+  return t == MessageType::pull || t == MessageType::contribution;
+}
+inline constexpr std::uint32_t kRepeatBit = 0x8000'0000u;
+
 /// Writes the header (computing the header CRC) into out[0, 88).
 inline void write_frame_header(std::span<std::byte, kFrameHeaderSize> out, const FrameHeader& h) noexcept {
   namespace o = frame_offset;
@@ -252,12 +260,20 @@ inline FrameHeader header_of(const Message& m, Codec codec, std::size_t elements
     throw InvalidArgument(msg("encode_frame: a join_refused message needs a JoinRefusal reason in `fragment`, got ",
                               m.fragment));
   }
+  if (may_repeat(m.type) && (m.fragment & kRepeatBit) != 0) {
+    throw InvalidArgument(msg("encode_frame: a ", to_string(m.type), " names fragment ", m.fragment,
+                              "; fragment indices of pulls and contributions must be below 2^31"));
+  }
+  if (m.repeat && !may_repeat(m.type)) {
+    throw InvalidArgument(msg("encode_frame: a ", to_string(m.type),
+                              " message cannot be a repeat (only pulls and contributions); clear `repeat`"));
+  }
   FrameHeader h;
   h.type = m.type;
   h.codec = codec;
   h.fingerprint = m.fingerprint;
   h.learner = m.learner;
-  h.fragment = m.fragment;
+  h.fragment = m.fragment | (m.repeat ? kRepeatBit : 0u);
   h.version = m.version;
   h.sequence = m.sequence;
   h.step = m.step;
@@ -446,6 +462,10 @@ inline Message message_from_header(const FrameHeader& h) {
   m.fingerprint = h.fingerprint;
   m.learner = h.learner;
   m.fragment = h.fragment;
+  if (may_repeat(h.type)) {
+    m.repeat = (h.fragment & kRepeatBit) != 0;
+    m.fragment = h.fragment & ~kRepeatBit;
+  }
   m.version = h.version;
   m.sequence = h.sequence;
   m.steps = h.steps;

@@ -131,7 +131,7 @@ class Syncer:
     def status(self) -> dict:
         """learners_alive/known, joins, leaves, deaths, merges, contributions_accepted,
         round ('push' or 'pull'), global_step, pull_rounds, pulls_sent, pull_timeouts, pull_rounds_empty,
-        steps_beyond_lead, frontier_carries, rejected (by reason), quorum_sizes, fragments (version, merges, ... per fragment),
+        pulls_repeated, answers_redundant, steps_beyond_lead, frontier_carries, rejected (by reason), quorum_sizes, fragments (version, merges, ... per fragment),
         ZeroMQ counters (decode_errors, auth_denied, ...) and 'line' (one printable line)."""
         return self._core.status()
 

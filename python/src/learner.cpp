@@ -487,6 +487,7 @@ class LearnerCore {
     d["round"] = pull_ ? "pull" : "push";
     d["pulls"] = s.pulls;
     d["pulls_deferred_steps"] = s.pulls_deferred_steps;
+    d["pulls_repeated"] = s.pulls_repeated;
     d["metadata_sent"] = s.metadata_sent;
     d["bytes_sent"] = s.bytes_sent;
     std::vector<std::uint64_t> versions;

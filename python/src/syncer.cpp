@@ -253,6 +253,8 @@ class SyncerCore {
     d["pull_rounds"] = s.pull_rounds;
     d["pulls_sent"] = s.pulls_sent;
     d["pull_timeouts"] = s.pull_timeouts;
+    d["pulls_repeated"] = s.pulls_repeated;
+    d["answers_redundant"] = s.answers_redundant;
     d["pull_rounds_empty"] = s.pull_rounds_empty;
     d["steps_beyond_lead"] = s.steps_beyond_lead;
     d["frontier_carries"] = s.frontier_carries;

@@ -215,6 +215,10 @@ class SyncerMetrics {
     pull_timeouts_ = total("pull_timeouts_total",
                            "Pull rounds merged at the pull time-out with answers still missing.");
     pull_rounds_empty_ = total("pull_rounds_empty_total", "Pull rounds closed without a merge (no accepted answer).");
+    pulls_repeated_ = total("pulls_repeated_total",
+                            "Second asks sent to pulled learners that moved on with no answer in (reask_after_steps).");
+    answers_redundant_ = total("answers_redundant_total",
+                               "Second answers to a pull asked twice, dropped because the first had come (merged once).");
     steps_beyond_lead_ = total("steps_beyond_lead_total",
                                "Step counters more than max_lead ahead of every other learner (counted at the runner-up plus the lead).");
     frontier_carries_ = total("frontier_carries_total",
@@ -346,6 +350,8 @@ class SyncerMetrics {
     pulls_sent_.set(s.pulls_sent, count);
     pull_timeouts_.set(s.pull_timeouts, count);
     pull_rounds_empty_.set(s.pull_rounds_empty, count);
+    pulls_repeated_.set(s.pulls_repeated, count);
+    answers_redundant_.set(s.answers_redundant, count);
     steps_beyond_lead_.set(s.steps_beyond_lead, count);
     frontier_carries_.set(s.frontier_carries, count);
     global_step_->Set(static_cast<double>(s.global_step));
@@ -430,7 +436,7 @@ class SyncerMetrics {
   std::optional<BoundSeries> bounds_;                  ///< likewise, for a transport with memory-bound counters
   detail::TotalCounter merges_, grace_waits_, deadline_merges_, accepted_, joins_, leaves_, deaths_, in_, out_,
       checkpoints_, joins_limited_, joins_full_, pruned_, rejoin_requests_, clipped_, capped_, pull_rounds_,
-      pulls_sent_, pull_timeouts_, pull_rounds_empty_, steps_beyond_lead_,
+      pulls_sent_, pull_timeouts_, pull_rounds_empty_, pulls_repeated_, answers_redundant_, steps_beyond_lead_,
       frontier_carries_;
   std::array<detail::TotalCounter, kRejectReasons> rejected_{};
   std::optional<detail::TotalCounter> auth_denied_, impersonations_, handshake_failures_;
@@ -470,6 +476,8 @@ class LearnerMetrics {
     rejoins_ = total("rejoins_total", "Joins again because the syncer did not know this learner (after a restore).");
     payload_ = total("contribution_bytes_total", "Payload bytes of the messages this learner sent.");
     pulls_ = total("pulls_total", "Pull requests received from the syncer (pull rounds).");
+    pulls_repeated_ = total("pulls_repeated_total",
+                            "Second asks of a pull already answered, answered again (the first answer may be lost).");
     metadata_ = total("metadata_sent_total", "Metadata messages sent (pull rounds: one per inner step).");
     deferred_ = total("pull_deferred_steps_total",
                       "Steps a pull's answer waited for a global on its way (its base older than the syncer anchors at).");
@@ -514,6 +522,7 @@ class LearnerMetrics {
     rejoins_.set(s.rejoins);
     payload_.set(s.bytes_sent);
     pulls_.set(s.pulls);
+    pulls_repeated_.set(s.pulls_repeated);
     metadata_.set(s.metadata_sent);
     deferred_.set(s.pulls_deferred_steps);
     staleness_.set(s.staleness_versions);
@@ -525,7 +534,7 @@ class LearnerMetrics {
   prometheus::Labels labels_;
   std::optional<detail::TransportSeries> transport_;  ///< registered at the first update with transport counters
   detail::TotalCounter steps_, tokens_, sends_, send_failures_, applies_, late_applies_, received_, ignored_,
-      heartbeats_, payload_, rejoins_, pulls_, metadata_, deferred_;
+      heartbeats_, payload_, rejoins_, pulls_, pulls_repeated_, metadata_, deferred_;
   detail::TotalHistogram staleness_, delay_;
 };
 

@@ -166,6 +166,18 @@ auto Syncer<Rule, Opt, Weights, Wait>::admit(std::size_t p, FragmentState& f, Ch
   const Message& m = *c.m;
   if (c.step_time) f.wait->observe_step_time(*c.step_time);
   auto& last = f.last_sequence[m.learner];
+  // Pull rounds: a learner asked twice (reask_missing) may answer twice. The
+  // first answer that comes is the one merged; one after it is dropped and
+  // counted (answers_redundant), not refused: the syncer asked for it. (The
+  // second answer carries `repeat`; the first one, coming after it, has a
+  // lower sequence number and nothing owed any more.)
+  const auto reask = f.reasked.find(m.learner);
+  if (reask != f.reasked.end() && reask->second.answered && (m.repeat || !f.owed.contains(m.learner))) {
+    f.reasked.erase(reask);
+    last = std::max(last, m.sequence);
+    count_redundant(m);
+    return false;
+  }
   if (m.sequence <= last) {
     ++f.rejected_duplicate;
     count_tally(m, RejectReason::duplicate);
@@ -174,20 +186,24 @@ auto Syncer<Rule, Opt, Weights, Wait>::admit(std::size_t p, FragmentState& f, Ch
   if (pull_schedule_) {
     // Pull rounds: only the answer to a pull still owed (one per pull) goes
     // on; an unasked contribution touches nothing (a flood cannot stack
-    // contributions in one round, nor contribute without being pulled).
+    // contributions in one round, nor contribute without being pulled). A
+    // `repeat` answers only an open second ask.
     const auto owed = f.owed.find(m.learner);
-    if (owed == f.owed.end()) {
+    const bool asked_twice = reask != f.reasked.end() && !reask->second.answered;
+    if (owed == f.owed.end() || (m.repeat && !asked_twice)) {
       last = m.sequence;  // refused: a replay of this one is a duplicate
       reject(RejectReason::unsolicited, m);
       return false;
     }
     if (--owed->second == 0) f.owed.erase(owed);
+    if (asked_twice) reask->second.answered = true;
     // A pulled learner has answered, whatever the verdict below; how long it
     // took (a late answer, from the pull it answers) sets the time-out.
     // (Not from a learner whose answers are refused: its pace is not the
     // honest learners' time-out.)
     const bool pulled_now = f.phase == FragmentState::Phase::pulling && f.pulled.contains(m.learner);
-    const bool timed = !answers_refused(m.learner);
+    // Nor from a second answer: it came after a loss, not at the link's pace.
+    const bool timed = !answers_refused(m.learner) && !m.repeat;
     if (f.overdue.erase(m.learner) != 0) {
       if (timed) f.answer_seconds.add(std::chrono::duration<double>(c.now - f.overdue_since).count());
     } else if (pulled_now && !f.answered.contains(m.learner) && timed) {

@@ -1,7 +1,8 @@
 // ddiloco/syncer/rounds.hpp: when a fragment merges and how (docs/algorithm.md,
 // "Round timeline"): the wait policy's decision, the merge and outer step with
 // the new global sent out, and the phases of a pull round (open at the slot,
-// quorum and grace over learners with progress, the pull, its time-out).
+// quorum and grace over learners with progress, the pull, a second ask of a
+// learner whose answer looks lost, the time-out).
 //
 // Member functions of ddiloco::Syncer (syncer.hpp declares them and holds the
 // state; this header defines them).
@@ -189,23 +190,25 @@ auto Syncer<Rule, Opt, Weights, Wait>::refresh_waiting_rounds(TimePoint now, Out
   }
 }
 
-/// Keeps waiting_rounds_ (the fragments in phase waiting) in step with f.phase. Caller holds f.mutex.
+/// Keeps waiting_rounds_ and pulling_rounds_ (the fragments in those phases) in step with f.phase.
+/// Caller holds f.mutex.
 template <MergeRule Rule, OuterOptimizer Opt, WeightRule Weights, WaitPolicy Wait>
 auto Syncer<Rule, Opt, Weights, Wait>::set_phase(std::size_t p, FragmentState& f, typename FragmentState::Phase phase) -> void {
   using Phase = typename FragmentState::Phase;
   if (f.phase == phase) return;
-  if (f.phase == Phase::waiting || phase == Phase::waiting) {
+  if (f.phase != Phase::none || phase != Phase::none) {
     std::unique_lock lock(members_mutex_);
-    if (phase == Phase::waiting) {
-      waiting_rounds_.push_back(p);
-    } else {
-      std::erase(waiting_rounds_, p);
+    for (auto [listed, index] :
+         {std::pair{Phase::waiting, &waiting_rounds_}, std::pair{Phase::pulling, &pulling_rounds_}}) {
+      if (f.phase == listed) std::erase(*index, p);
+      if (phase == listed) index->push_back(p);
     }
   }
   f.phase = phase;
 }
 
-/// The pull-mode decision for fragment p's round (steps 2-4 above). Caller holds f.mutex.
+/// The pull-mode decision for fragment p's round (steps 2, 3 and 5 of the list in
+/// syncer.hpp). Caller holds f.mutex.
 template <MergeRule Rule, OuterOptimizer Opt, WeightRule Weights, WaitPolicy Wait>
 auto Syncer<Rule, Opt, Weights, Wait>::decide_pull(std::size_t p, FragmentState& f, TimePoint now, Outbox& out) -> bool {
   using Phase = typename FragmentState::Phase;
@@ -242,7 +245,7 @@ auto Syncer<Rule, Opt, Weights, Wait>::decide_pull(std::size_t p, FragmentState&
   bool waiting_for_answers = false;
   {
     std::unique_lock lock(members_mutex_);
-    for (LearnerId id : f.pulled) {
+    for (const auto& [id, at] : f.pulled) {
       if (f.answered.contains(id)) continue;
       auto it = learners_.find(id);
       if (it != learners_.end() && it->second.alive && !it->second.answers_refused) waiting_for_answers = true;
@@ -255,7 +258,7 @@ auto Syncer<Rule, Opt, Weights, Wait>::decide_pull(std::size_t p, FragmentState&
   }
   if (waiting_for_answers) {  // timed out: their answers, when they come, still measure the wait
     f.overdue.clear();
-    for (LearnerId id : f.pulled)
+    for (const auto& [id, at] : f.pulled)
       if (!f.answered.contains(id)) f.overdue.emplace(id, false);
     f.overdue_since = f.pulled_at;
   }
@@ -288,7 +291,9 @@ auto Syncer<Rule, Opt, Weights, Wait>::start_pull(std::size_t p, FragmentState& 
   f.answered.clear();
   {
     std::unique_lock lock(members_mutex_);
-    std::erase_if(f.owed, [&](const auto& kv) { return !learners_.contains(kv.first); });  // forgotten ids
+    const auto forgotten = [&](const auto& kv) { return !learners_.contains(kv.first); };
+    std::erase_if(f.owed, forgotten);
+    std::erase_if(f.reasked, forgotten);
     for (const auto& [id, l] : learners_) {
       // (One whose late answer to the previous round is already in the accumulator is not asked again.)
       if (!eligible(l, f.round_step) || !has_progress(l, p) || f.contributors.contains(id)) continue;
@@ -299,29 +304,80 @@ auto Syncer<Rule, Opt, Weights, Wait>::start_pull(std::size_t p, FragmentState& 
         it->second = true;
         continue;
       }
-      f.pulled.insert(id);
+      f.pulled.emplace(id, l.step);
       auto& owed = f.owed[id];
       owed = std::min<std::uint8_t>(static_cast<std::uint8_t>(owed + 1), FragmentState::kOwedAnswers);
     }
     counters_.pulls_sent += f.pulled.size();
   }
   const std::size_t from = out.size();
-  for (LearnerId id : f.pulled) {
-    Message m;
-    m.type = MessageType::pull;
-    m.fingerprint = plan_.fingerprint();
-    m.learner = id;
-    m.fragment = static_cast<std::uint32_t>(p);
-    m.version = f.version;
-    m.step = f.round_step;
-    // The oldest base an answer can be anchored at (stale()): a learner on an
-    // older one waits for the global on its way before it answers.
-    // (0: not stated, when answers are not anchored.)
-    if (config_.anchor_versions > 0)
-      m.tokens = static_cast<std::int64_t>(f.previous.empty() ? f.version : f.previous.front().first);
-    out.push_back({id, std::move(m)});
-  }
+  for (const auto& [id, at] : f.pulled) out.push_back({id, pull_message(p, f, id, false)});
   count_out(out, from);
+}
+
+/// The pull of fragment p's open round for learner `id` (a second ask: `repeat`). Caller holds f.mutex.
+template <MergeRule Rule, OuterOptimizer Opt, WeightRule Weights, WaitPolicy Wait>
+auto Syncer<Rule, Opt, Weights, Wait>::pull_message(std::size_t p, const FragmentState& f, LearnerId id,
+                                                    bool repeat) const -> Message {
+  Message m;
+  m.type = MessageType::pull;
+  m.fingerprint = plan_.fingerprint();
+  m.learner = id;
+  m.fragment = static_cast<std::uint32_t>(p);
+  m.version = f.version;
+  m.step = f.round_step;
+  m.repeat = repeat;
+  // The oldest base an answer can be anchored at (stale()): a learner on an
+  // older one waits for the global on its way before it answers.
+  // (0: not stated, when answers are not anchored.)
+  if (config_.anchor_versions > 0)
+    m.tokens = static_cast<std::int64_t>(f.previous.empty() ? f.version : f.previous.front().first);
+  return m;
+}
+
+/// Asks learner `id` once more for every fragment whose open pull it has not
+/// answered although its step counter has moved SyncerConfig::reask_after_steps
+/// past its step at the pull and 1.5 times the fragment's typical
+/// pull-to-answer time has passed: it answers at its next step boundary, so
+/// the pull or the answer was most likely lost, and without a second ask its
+/// steps on p would be lost when it applies the merge it was left out of
+/// (docs/algorithm.md, "Pull rounds (the paper's round)", step 4). (The time
+/// keeps a link slower than a few steps from asking twice every round.) Once
+/// per learner per round. Called on each of its step reports; a fragment busy
+/// merging is skipped (its round is closing), so this never waits behind a merge.
+template <MergeRule Rule, OuterOptimizer Opt, WeightRule Weights, WaitPolicy Wait>
+auto Syncer<Rule, Opt, Weights, Wait>::reask_missing(LearnerId id, TimePoint now, Outbox& out) -> void {
+  if (!pull_schedule_ || config_.reask_after_steps == 0) return;
+  std::vector<std::size_t> pulling;
+  std::uint64_t step = 0;
+  {
+    std::unique_lock lock(members_mutex_);
+    if (pulling_rounds_.empty()) return;
+    const auto it = learners_.find(id);
+    if (it == learners_.end() || !it->second.alive || it->second.answers_refused) return;
+    step = it->second.step;
+    pulling = pulling_rounds_;
+  }
+  const std::size_t from = out.size();
+  std::uint64_t asked = 0;
+  for (std::size_t p : pulling) {
+    auto& f = fragments_[p];
+    std::unique_lock lock(f.mutex, std::try_to_lock);
+    if (!lock.owns_lock() || f.phase != FragmentState::Phase::pulling) continue;
+    const auto at = f.pulled.find(id);
+    if (at == f.pulled.end() || f.answered.contains(id) || step < at->second + config_.reask_after_steps) continue;
+    const double typical = f.answer_seconds.has_value() ? f.answer_seconds.value() : 0.0;
+    if (std::chrono::duration<double>(now - f.pulled_at).count() < 1.5 * typical) continue;
+    auto [r, fresh] = f.reasked.try_emplace(id);
+    if (!fresh && r->second.round_step == f.round_step) continue;  // asked twice in this round already
+    r->second = typename FragmentState::Reask{f.round_step, false};
+    out.push_back({id, pull_message(p, f, id, true)});
+    ++asked;
+  }
+  if (asked == 0) return;
+  count_out(out, from);
+  std::unique_lock lock(members_mutex_);
+  counters_.pulls_repeated += asked;
 }
 
 /// Ends fragment p's pull round (merged, empty, or discarded by a restore). Caller holds f.mutex.
