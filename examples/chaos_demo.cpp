@@ -246,6 +246,7 @@ struct Row {
   std::uint64_t stale = 0;                  ///< contributions rejected as stale (in `rejected`)
   std::uint64_t bytes_out = 0, bytes_in = 0;  ///< syncer down-link / up-link bytes
   std::uint64_t global_step = 0, pull_rounds = 0, pulls_sent = 0, pull_timeouts = 0, pull_rounds_empty = 0;
+  std::uint64_t pulls_repeated = 0, answers_redundant = 0;
   std::int64_t tokens = 0;
   bool timed_out = false;
 };
@@ -414,6 +415,8 @@ Row run(Context& ctx, const Method& m, Tape tape, Opt opt) {
   row.pulls_sent = r.syncer.pulls_sent;
   row.pull_timeouts = r.syncer.pull_timeouts;
   row.pull_rounds_empty = r.syncer.pull_rounds_empty;
+  row.pulls_repeated = r.syncer.pulls_repeated;
+  row.answers_redundant = r.syncer.answers_redundant;
   row.timed_out = r.timed_out;
   for (const auto& f : r.syncer.fragments) {
     row.deadline_merges += f.deadline_merges;
@@ -421,13 +424,14 @@ Row run(Context& ctx, const Method& m, Tape tape, Opt opt) {
   }
   std::printf("  done %s: val=%.4f sim=%.1fs goodput=%.3f downtime=%.1fs merges=%llu mean-quorum=%.2f "
               "deadline-merges=%llu grace-waits=%llu stale=%llu down-MB=%.2f pull-rounds=%llu pull-timeouts=%llu "
-              "pull-empty=%llu real=%.1fs%s\n",
+              "pull-empty=%llu second-asks=%llu redundant-answers=%llu real=%.1fs%s\n",
               name.c_str(), row.val_loss, row.sim_s, row.goodput, row.downtime_s,
               static_cast<unsigned long long>(row.merges), row.mean_quorum,
               static_cast<unsigned long long>(row.deadline_merges), static_cast<unsigned long long>(row.grace_waits),
               static_cast<unsigned long long>(row.stale), static_cast<double>(row.bytes_out) / 1e6,
               static_cast<unsigned long long>(row.pull_rounds), static_cast<unsigned long long>(row.pull_timeouts),
-              static_cast<unsigned long long>(row.pull_rounds_empty), row.real_s, r.timed_out ? " TIMED OUT" : "");
+              static_cast<unsigned long long>(row.pull_rounds_empty), static_cast<unsigned long long>(row.pulls_repeated),
+              static_cast<unsigned long long>(row.answers_redundant), row.real_s, r.timed_out ? " TIMED OUT" : "");
   std::fflush(stdout);
   (void)a;
   return row;
@@ -461,14 +465,15 @@ const char* failures_name(Tape t) {
 std::string table(const std::vector<Row>& rows) {
   std::ostringstream o;
   o << "| method | round | M | failures | val loss | sim time (s) | goodput | global downtime (s) | windows w/o merge | "
-       "merges | mean quorum | deadline merges | stale rejections | down-link MB | pull timeouts / empty rounds |\n";
+       "merges | mean quorum | deadline merges | stale rejections | down-link MB | pull timeouts / empty rounds / second asks |\n";
   o << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   char buf[768];
   for (const auto& r : rows) {
     char pull[64] = "-";
     if (r.method.round == ddiloco::RoundMode::pull)
-      std::snprintf(pull, sizeof pull, "%llu / %llu", static_cast<unsigned long long>(r.pull_timeouts),
-                    static_cast<unsigned long long>(r.pull_rounds_empty));
+      std::snprintf(pull, sizeof pull, "%llu / %llu / %llu", static_cast<unsigned long long>(r.pull_timeouts),
+                    static_cast<unsigned long long>(r.pull_rounds_empty),
+                    static_cast<unsigned long long>(r.pulls_repeated));
     std::snprintf(buf, sizeof buf,
                   "| %s | %s | %zu | %s | %.4f | %.1f | %.3f | %.2f | %zu/%zu | %llu | %.2f | %llu | %llu | %.1f | %s |%s\n",
                   r.method.label.c_str(), round_name(r.method.round), r.method.learners, failures_name(r.tape),
@@ -568,7 +573,8 @@ void write_outputs(const Context& ctx, const std::vector<Row>& rows, const std::
     std::ofstream f(dir / "results.csv");
     f << "method,label,tape,val_loss,sim_time_s,goodput,global_downtime_s,windows,windows_alive_without_merge,"
          "merges,mean_quorum,deadline_merges,grace_waits,rejected,tokens,kills,restarts,timed_out,real_s,round,learners,"
-         "stale,bytes_out,bytes_in,global_step,pull_rounds,pulls_sent,pull_timeouts,pull_rounds_empty\n";
+         "stale,bytes_out,bytes_in,global_step,pull_rounds,pulls_sent,pull_timeouts,pull_rounds_empty,"
+         "pulls_repeated,answers_redundant\n";
     for (const auto& r : rows) {
       f << static_cast<int>(r.method.kind) << ',' << r.method.label << ',' << tape_name(r.tape) << ',' << r.val_loss
         << ',' << r.sim_s << ',' << r.goodput << ',' << r.downtime_s << ',' << r.windows << ','
@@ -576,7 +582,8 @@ void write_outputs(const Context& ctx, const std::vector<Row>& rows, const std::
         << r.grace_waits << ',' << r.rejected << ',' << r.tokens << ',' << r.kills << ',' << r.restarts << ','
         << (r.timed_out ? 1 : 0) << ',' << r.real_s << ',' << round_name(r.method.round) << ',' << r.method.learners
         << ',' << r.stale << ',' << r.bytes_out << ',' << r.bytes_in << ',' << r.global_step << ',' << r.pull_rounds
-        << ',' << r.pulls_sent << ',' << r.pull_timeouts << ',' << r.pull_rounds_empty << '\n';
+        << ',' << r.pulls_sent << ',' << r.pull_timeouts << ',' << r.pull_rounds_empty << ','
+        << r.pulls_repeated << ',' << r.answers_redundant << '\n';
     }
   }
   {
