@@ -333,6 +333,47 @@ TEST_CASE("Pull rounds at M = 16 with four 2x stragglers merge each fragment onc
   CHECK(distance_to_optimum(r.global) < 0.05);
 }
 
+TEST_CASE("Pull rounds with lost, duplicated and reordered messages: a learner whose pull or answer is lost is asked "
+          "again, fewer rounds wait for the time-out, and no answer is merged twice",
+          "[cluster][pull]") {
+  const bool shuffled = GENERATE(false, true);  // loss alone / loss with duplicates and reordering
+  INFO((shuffled ? "5% lost, 10% duplicated, 10% reordered by up to 15 ms" : "5% of messages lost"));
+  const auto run = [&](std::uint64_t reask_after_steps) {
+    ClusterConfig c = pulled(decoupled(4));
+    c.syncer.reask_after_steps = reask_after_steps;
+    MessageFaults f;
+    f.drop = 0.05;
+    f.latency = 1ms;
+    if (shuffled) {
+      f.duplicate = 0.1;
+      f.reorder = 0.1;
+      f.reorder_max = 15ms;
+    }
+    c.tape.set_message_faults(f);
+    return Cluster(quad_plan(2), c, factory(4)).run_virtual();
+  };
+  const auto off = run(0), on = run(3);
+  REQUIRE_FALSE(off.timed_out);
+  REQUIRE_FALSE(on.timed_out);
+  INFO("without second asks: " << off.syncer.line() << ", pull time-outs " << off.syncer.pull_timeouts);
+  INFO("with: " << on.syncer.line() << ", pull time-outs " << on.syncer.pull_timeouts << ", second asks "
+                << on.syncer.pulls_repeated << ", redundant answers " << on.syncer.answers_redundant);
+  CHECK(off.syncer.pulls_repeated == 0);
+  CHECK(on.syncer.pulls_repeated > 0);
+  // The second asks recover lost pulls and answers before the time-out.
+  CHECK(on.syncer.pull_timeouts * 2 <= off.syncer.pull_timeouts);
+  CHECK(on.syncer.mean_quorum_size() > off.syncer.mean_quorum_size());
+  // Each pull merges at most one answer, and no honest answer, first or second, is refused
+  // as unasked (the repeat flag holds under duplicates and reordering).
+  CHECK(on.syncer.contributions_accepted <= on.syncer.pulls_sent);
+  CHECK(on.syncer.rejected[static_cast<std::size_t>(RejectReason::unsolicited)] == 0);
+  std::uint64_t answered_again = 0;
+  for (const auto& l : on.learners) answered_again += l.pulls_repeated;
+  CHECK(answered_again <= on.syncer.pulls_repeated);
+  CHECK(on.syncer.answers_redundant <= answered_again);
+  CHECK(distance_to_optimum(on.global) < 0.05);
+}
+
 TEST_CASE("Push rounds at M = 16 with four 2x stragglers reject no honest contribution as stale", "[cluster][push]") {
   ClusterConfig c = decoupled(16);
   c.syncer.sync_every = c.outer.sync_every;

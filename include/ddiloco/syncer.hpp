@@ -230,6 +230,17 @@ class Syncer {
   [[nodiscard]] const ShardMap& shard_map() const noexcept { return shard_map_; }
   [[nodiscard]] std::uint64_t shard_map_fingerprint() const noexcept { return shard_map_.fingerprint(); }
 
+  /// A contribution was received and waits in a queue to be handled (SyncerRuntime
+  /// queues them per fragment for its workers, while other messages are handled
+  /// at once): until it is handled, its learner's step reports do not make the
+  /// syncer ask it again for that fragment (reask_after_steps), since its answer
+  /// is in. Handling the contribution, by handle() or handle_batch(), ends this.
+  void note_queued(const Message& m) {
+    if (m.type != MessageType::contribution || !pull_schedule_ || m.fragment >= fragments_.size()) return;
+    std::unique_lock lock(members_mutex_);
+    ++queued_answers_[{m.learner, m.fragment}];
+  }
+
   /// Handles one incoming message; replies go to `out`. Never throws for bad
   /// input: a bad message is counted and dropped (or answered).
   void handle(const Message& m, Outbox& out) {
@@ -612,6 +623,7 @@ class Syncer {
     opened_through_ = 0;
     waiting_rounds_.clear();
     pulling_rounds_.clear();
+    queued_answers_.clear();
     merges_total_.store(merges, std::memory_order_relaxed);
   }
 
@@ -788,7 +800,9 @@ class Syncer {
     /// twice, it merges once. At most one entry per known learner.
     struct Reask {
       std::uint64_t round_step = 0;
+      std::uint64_t learner_step = 0;  ///< its step counter when asked again: a second answer is sent later
       bool answered = false;
+      std::uint64_t taken = 0;  ///< the sequence number of the answer taken
     };
     std::map<LearnerId, Reask> reasked;
     /// Pull rounds: the previous globals (version, values), oldest first, at
@@ -824,6 +838,10 @@ class Syncer {
     {
       std::unique_lock lock(members_mutex_);
       counters_.bytes_in += sizeof(Message) + m.payload_bytes();
+      if (m.type == MessageType::contribution && !queued_answers_.empty()) {
+        if (auto it = queued_answers_.find({m.learner, m.fragment}); it != queued_answers_.end() && --it->second == 0)
+          queued_answers_.erase(it);
+      }
     }
     if (m.type == MessageType::contribution && !tallies_.empty()) {
       std::lock_guard lock(tally_mutex_);
@@ -1047,6 +1065,8 @@ class Syncer {
   std::uint64_t opened_through_ = 0;
   std::vector<std::size_t> waiting_rounds_;  ///< fragments whose pull round waits for its quorum
   std::vector<std::size_t> pulling_rounds_;  ///< fragments whose pull round waits for its answers
+  /// (learner, fragment) -> contributions received and queued, not yet handled (note_queued()).
+  std::map<std::pair<LearnerId, std::uint32_t>, std::uint32_t> queued_answers_;
   detail::Ema step_seconds_{0.1};            ///< inner-step time over all learners' messages
 };
 

@@ -164,7 +164,8 @@ struct SyncerConfig {
   Duration pull_timeout = Duration{0};
   /// Pull rounds: a pulled learner that has reported this many inner steps
   /// past its step at the pull with no answer in, once 1.5 times the
-  /// fragment's measured pull-to-answer time has passed, is asked once more
+  /// fragment's measured pull-to-answer time has passed (none measured yet:
+  /// not asked), is asked once more
   /// (a pull with Message::repeat) before the round's time-out: the pull or
   /// its answer was most likely lost (a learner answers at its next step
   /// boundary), and without the second ask that learner's steps on the

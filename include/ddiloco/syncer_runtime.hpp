@@ -130,6 +130,8 @@ class SyncerRuntime {
         ++queued_;
         queued_bytes_ += queued_size(m);
       }
+      // Its learner's step reports, handled first, must not ask for it again.
+      if constexpr (requires { syncer_->note_queued(m); }) syncer_->note_queued(m);
       {
         std::lock_guard lock(q.mutex);
         q.pending.push_back(std::move(m));

@@ -170,9 +170,19 @@ auto Syncer<Rule, Opt, Weights, Wait>::admit(std::size_t p, FragmentState& f, Ch
   // first answer that comes is the one merged; one after it is dropped and
   // counted (answers_redundant), not refused: the syncer asked for it. (The
   // second answer carries `repeat`; the first one, coming after it, has a
-  // lower sequence number and nothing owed any more.)
+  // lower sequence number and nothing owed any more. A copy of the answer
+  // taken, from the network, is a duplicate as any other.)
+  // A second answer sent at or before the step at which its learner was last
+  // asked again answers an earlier second ask (it came late): redundant too,
+  // and the open second ask stays open.
   const auto reask = f.reasked.find(m.learner);
-  if (reask != f.reasked.end() && reask->second.answered && (m.repeat || !f.owed.contains(m.learner))) {
+  if (reask != f.reasked.end() && m.repeat && m.sequence > last && m.step <= reask->second.learner_step) {
+    last = m.sequence;
+    count_redundant(m);
+    return false;
+  }
+  if (reask != f.reasked.end() && reask->second.answered && m.sequence != reask->second.taken &&
+      (m.repeat || !f.owed.contains(m.learner))) {
     f.reasked.erase(reask);
     last = std::max(last, m.sequence);
     count_redundant(m);
@@ -196,7 +206,10 @@ auto Syncer<Rule, Opt, Weights, Wait>::admit(std::size_t p, FragmentState& f, Ch
       return false;
     }
     if (--owed->second == 0) f.owed.erase(owed);
-    if (asked_twice) reask->second.answered = true;
+    if (asked_twice) {
+      reask->second.answered = true;
+      reask->second.taken = m.sequence;
+    }
     // A pulled learner has answered, whatever the verdict below; how long it
     // took (a late answer, from the pull it answers) sets the time-out.
     // (Not from a learner whose answers are refused: its pace is not the

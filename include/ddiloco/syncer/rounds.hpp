@@ -343,8 +343,11 @@ auto Syncer<Rule, Opt, Weights, Wait>::pull_message(std::size_t p, const Fragmen
 /// steps on p would be lost when it applies the merge it was left out of
 /// (docs/algorithm.md, "Pull rounds (the paper's round)", step 4). (The time
 /// keeps a link slower than a few steps from asking twice every round.) Once
-/// per learner per round. Called on each of its step reports; a fragment busy
-/// merging is skipped (its round is closing), so this never waits behind a merge.
+/// per learner per round, not before an answer time has been measured for p,
+/// and not while an answer from it waits in a queue (note_queued()): its step
+/// reports are handled before it. Called on each of its step reports; a
+/// fragment busy merging is skipped (its round is closing), so this never
+/// waits behind a merge.
 template <MergeRule Rule, OuterOptimizer Opt, WeightRule Weights, WaitPolicy Wait>
 auto Syncer<Rule, Opt, Weights, Wait>::reask_missing(LearnerId id, TimePoint now, Outbox& out) -> void {
   if (!pull_schedule_ || config_.reask_after_steps == 0) return;
@@ -356,7 +359,9 @@ auto Syncer<Rule, Opt, Weights, Wait>::reask_missing(LearnerId id, TimePoint now
     const auto it = learners_.find(id);
     if (it == learners_.end() || !it->second.alive || it->second.answers_refused) return;
     step = it->second.step;
-    pulling = pulling_rounds_;
+    // (Not for a fragment whose answer from it is in, queued to be handled: note_queued().)
+    for (std::size_t p : pulling_rounds_)
+      if (!queued_answers_.contains({id, static_cast<std::uint32_t>(p)})) pulling.push_back(p);
   }
   const std::size_t from = out.size();
   std::uint64_t asked = 0;
@@ -366,11 +371,13 @@ auto Syncer<Rule, Opt, Weights, Wait>::reask_missing(LearnerId id, TimePoint now
     if (!lock.owns_lock() || f.phase != FragmentState::Phase::pulling) continue;
     const auto at = f.pulled.find(id);
     if (at == f.pulled.end() || f.answered.contains(id) || step < at->second + config_.reask_after_steps) continue;
-    const double typical = f.answer_seconds.has_value() ? f.answer_seconds.value() : 0.0;
-    if (std::chrono::duration<double>(now - f.pulled_at).count() < 1.5 * typical) continue;
+    // (No answer time measured yet, as in a fragment's first rounds: no evidence of a loss.)
+    if (!f.answer_seconds.has_value() ||
+        std::chrono::duration<double>(now - f.pulled_at).count() < 1.5 * f.answer_seconds.value())
+      continue;
     auto [r, fresh] = f.reasked.try_emplace(id);
     if (!fresh && r->second.round_step == f.round_step) continue;  // asked twice in this round already
-    r->second = typename FragmentState::Reask{f.round_step, false};
+    r->second = typename FragmentState::Reask{f.round_step, step, false, 0};
     out.push_back({id, pull_message(p, f, id, true)});
     ++asked;
   }
