@@ -137,6 +137,9 @@ def syncer_parser(sub=None) -> argparse.ArgumentParser:
                         "learners send at their own slots (learners must use the same --round)")
     a.add_argument("--pull-timeout-ms", metavar="MS", type=_count(0), default=0,
                    help="pull rounds: longest wait for a round's answers, milliseconds (0: twice the larger of (tau + 1) measured steps and the pull-to-answer time)")
+    a.add_argument("--reask-after-steps", metavar="N", type=_count(0), default=3,
+                   help="pull rounds: ask a pulled learner once more when it has reported N steps past the pull with no "
+                        "answer in (its pull or answer was likely lost; one of its two answers is merged); 0: never")
     a.add_argument("--overlap", metavar="TAU", type=_count(0), default=2, help="tau: steps from a send to the application of its "
                                                                  "result (< --sync-every)")
     a.add_argument("--quorum", metavar="K", type=_count(1), default=1, help="K: minimum distinct contributions before a merge")
@@ -219,7 +222,8 @@ def build_syncer(args, ddiloco):
                   send_merged_to=args.send_merged_to, merge=args.merge, outer_optimizer=args.outer_optimizer,
                   outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, global_codec=args.global_codec,
                   workers=args.workers, sync_every=args.sync_every, round=args.round,
-                  pull_timeout=args.pull_timeout_ms / 1e3, checkpoint_dir=args.checkpoint_dir, shard=args.shard,
+                  pull_timeout=args.pull_timeout_ms / 1e3, reask_after_steps=args.reask_after_steps,
+                  checkpoint_dir=args.checkpoint_dir, shard=args.shard,
                   start=False)
     if args.model:
         try:
@@ -294,7 +298,8 @@ def status_lines(st: dict, extra: dict) -> str:
             "rejoin_requests": st["rejoin_requests"]}
     rows.update({f"rejected_{k}": v for k, v in st["rejected"].items()})
     rows.update({k: st[k] for k in ("decode_errors", "auth_denied", "impersonations", "bytes_in", "bytes_out",
-                                    "frames_in", "frames_out")})
+                                    "frames_in", "frames_out", "global_step", "pull_rounds", "pulls_sent",
+                                    "pull_timeouts", "pull_rounds_empty", "pulls_repeated", "answers_redundant")})
     for i, f in enumerate(st["fragments"]):
         rows[f"fragment_{i}_version"] = f["version"]
         rows[f"fragment_{i}_merges"] = f["merges"]

@@ -144,6 +144,7 @@ class SyncerOptions:
     sync_every: int
     round: str
     pull_timeout_s: float
+    reask_after_steps: int
     quorum: int
     grace_gamma: float
     grace_cap_s: float

@@ -38,7 +38,9 @@ class Syncer:
     fragment once per ``sync_every`` global steps) or 'push'; ``sync_every`` is
     the learners' H (a join with another H or ``overlap`` is refused; 0: not
     checked, push only); ``pull_timeout``: seconds a pull round waits for its
-    answers (0: derived from the step time). ``checkpoint_dir``: resume from the
+    answers (0: derived from the step time); ``reask_after_steps``: a pulled
+    learner that reports this many steps past the pull with no answer in is
+    asked once more (its pull or answer was likely lost; 0: never). ``checkpoint_dir``: resume from the
     newest valid checkpoint there (of the same plan) and allow
     ``checkpoint()``. ``shard``: (i, S) serves only shard i of S of the
     fragments (docs/sharding.md; learners then list every shard's endpoint).
@@ -48,6 +50,7 @@ class Syncer:
     def __init__(self, model: NamedParameters, *, bind: str = "tcp://127.0.0.1:*", plaintext: bool = False,
                  keys: Optional[str] = None, allow: Optional[str] = None, fragments: Optional[int] = None,
                  overlap: int = 2, sync_every: int = 24, round: str = "pull", pull_timeout: float = 0.0,
+                 reask_after_steps: int = 3,
                  quorum: int = 1, grace_gamma: float = 0.3, grace_cap: float = 1.0,
                  deadline: float = 60.0, max_staleness: int = 8, heartbeat_timeout: float = 10.0,
                  send_merged_to: str = "alive", merge: str = "rda", outer_optimizer: str = "nesterov",
@@ -78,7 +81,8 @@ class Syncer:
             "bind": ("bind", bind), "plaintext": ("plaintext", plaintext), "keys": ("keys", keys or ""),
             "allow": ("allow", allow or ""), "fragments": ("fragments", default_fragments(fragments, len(names))),
             "overlap": ("overlap", overlap), "sync_every": ("sync_every", sync_every), "round": ("round", round),
-            "pull_timeout": ("pull_timeout_s", pull_timeout), "quorum": ("quorum", quorum), "grace_gamma": ("grace_gamma", grace_gamma),
+            "pull_timeout": ("pull_timeout_s", pull_timeout),
+            "reask_after_steps": ("reask_after_steps", reask_after_steps), "quorum": ("quorum", quorum), "grace_gamma": ("grace_gamma", grace_gamma),
             "grace_cap": ("grace_cap_s", grace_cap), "deadline": ("deadline_s", deadline),
             "max_staleness": ("max_staleness", max_staleness),
             "heartbeat_timeout": ("heartbeat_timeout_s", heartbeat_timeout),

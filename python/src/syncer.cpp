@@ -45,6 +45,7 @@ struct SyncerOptions {
   std::size_t sync_every = 0;   ///< H the learners must use (0: not checked; pull rounds need it)
   std::string round = "pull";   ///< "pull" or "push" (RoundMode), as SyncerConfig::round
   double pull_timeout_s = 0.0;  ///< pull rounds: longest wait for a round's answers (0: derived)
+  std::size_t reask_after_steps = 3;  ///< pull rounds: SyncerConfig::reask_after_steps (0: never ask twice)
   std::size_t quorum = 1;
   double grace_gamma = 0.3;
   double grace_cap_s = 1.0;
@@ -151,6 +152,7 @@ class SyncerCore {
       throw InvalidArgument("ddiloco.Syncer: round = 'pull' needs sync_every > 0 (the learners' sync_every: each "
                             "fragment's round opens at its slot of the schedule); pass sync_every=, or round='push'");
     if (o.pull_timeout_s != 0.0) sc.pull_timeout = seconds(o.pull_timeout_s, "pull_timeout");  // 0: derived
+    sc.reask_after_steps = o.reask_after_steps;
     round_ = sc.round;
     sc.shard_index = o.shard_index;
     sc.shard_count = o.shard_count;
@@ -345,6 +347,7 @@ void bind_syncer(py::module_& m) {
       .def_readwrite("sync_every", &SyncerOptions::sync_every)
       .def_readwrite("round", &SyncerOptions::round)
       .def_readwrite("pull_timeout_s", &SyncerOptions::pull_timeout_s)
+      .def_readwrite("reask_after_steps", &SyncerOptions::reask_after_steps)
       .def_readwrite("quorum", &SyncerOptions::quorum)
       .def_readwrite("grace_gamma", &SyncerOptions::grace_gamma)
       .def_readwrite("grace_cap_s", &SyncerOptions::grace_cap_s)

@@ -92,6 +92,10 @@ def test_values_of_the_wrong_type_or_range_name_the_keyword(tiny):
         learner(tiny, join_timeout=0)
     with pytest.raises(ddiloco.InvalidArgument, match=r"merge = 'median' must be 'rda'"):
         ddiloco.Syncer(tiny, plaintext=True, merge="median")
+    with pytest.raises(TypeError, match=r"ddiloco.Syncer: reask_after_steps = -1 must be an int >= 0"):
+        ddiloco.Syncer(tiny, plaintext=True, reask_after_steps=-1)
+    with pytest.raises(ddiloco.InvalidArgument, match=r"reask_after_steps = 2097152 steps is above 2\^20"):
+        ddiloco.Syncer(tiny, plaintext=True, reask_after_steps=2 ** 21)
 
 
 @pytest.mark.parametrize("endpoint", ["127.0.0.1:5555", "localhost"])
