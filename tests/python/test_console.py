@@ -116,8 +116,16 @@ def test_console_syncer_serves_checkpoints_on_sigterm_and_resumes(tmp_path):
                     break
                 assert time.monotonic() < deadline, f"no merges of both fragments within {BOUND_S} s: {st}"
             ls = learner.status()
-        assert int(st["merges"]) >= 4 and int(st["accepted"]) >= 4 and st["rejected"] == "0", \
+        # No rejection but `stale`, and few of those: with both cores busy the syncer can fall behind
+        # this fast learner, which then answers two queued pulls of one fragment from one base; the
+        # second is two merges old, refused as stale and answered with the current fragment
+        # (docs/algorithm.md, "Validation and staleness"). Seen in 1 to 3 of 20 runs under
+        # stress-ng --cpu 2, with or without second asks; never more than 2 in a run.
+        stale = int(st.get("rejected_stale", 0))
+        assert (int(st["merges"]) >= 4 and int(st["accepted"]) >= 4 and int(st["rejected"]) == stale
+                and stale <= max(2, int(st["accepted"]) // 20)), \
             " ".join([f"{k}={v}" for k, v in st.items() if k.startswith("rejected") and v != "0"] +
+                     [f"{k}={st.get(k)}" for k in ("pulls_sent", "pull_timeouts", "pulls_repeated", "answers_redundant")] +
                      [f"learner {k}={ls[k]}" for k in ("step", "pulls", "pulls_deferred_steps", "applies", "sends")])
         console.wait_for(r"^status: alive \d+/\d+ merges [1-9]")  # the progress lines show it too
         assert console.stop(signal.SIGTERM) == 0
