@@ -1832,62 +1832,82 @@ TEST_CASE("Pull rounds: the derived pull time-out learns the time a pull takes t
   CHECK(st.answers_redundant == 0);
 }
 
+namespace {
+/// Learner 1 joined to a pull-round syncer (H = `h`, pull time-out 10 s, second asks after
+/// `reask` steps). report(to): its metadata up to step `to`, one metadata_tick each, keeping
+/// the pulls the syncer sent (first asks and second ones) with the step that drew each.
+/// answer(): its contribution of fragment p sent at step `sent_at`, from version `base`.
+struct PullLearnerOne {
+  Rig r;
+  Syncer<> s;
+  std::uint64_t step = 0;
+  std::vector<std::pair<std::uint64_t, Message>> pulls;
+
+  PullLearnerOne(std::size_t h, std::uint64_t reask) : s(r.plan, r.init, r.clock, config(r, h, reask)) { r.join(s, 1); }
+  static SyncerConfig config(Rig& r, std::size_t h, std::uint64_t reask) {
+    pull_rounds(r.config, h);
+    r.config.pull_timeout = 10s;
+    r.config.reask_after_steps = reask;
+    return r.config;
+  }
+  void report(std::uint64_t to) {
+    while (step < to) {
+      metadata_tick(r, s, 1, ++step);
+      for (const auto& o : r.out)
+        if (o.message.type == MessageType::pull) pulls.emplace_back(step, o.message);
+    }
+  }
+  /// Steps at which fragment p was asked (second asks if `repeat`).
+  std::vector<std::uint64_t> asked(std::size_t p, bool repeat) const {
+    std::vector<std::uint64_t> at;
+    for (const auto& [when, m] : pulls)
+      if (m.fragment == p && m.repeat == repeat) at.push_back(when);
+    return at;
+  }
+  Message contribution(std::size_t p, std::uint64_t sent_at, std::uint64_t seq, std::uint64_t base, bool repeat) {
+    r.steps_so_far[1] = sent_at - 1;
+    Message m = r.contribution(1, p, 0.5f, Rig::seq0() + seq, base, 1, 10);
+    m.repeat = repeat;
+    return m;
+  }
+  void answer(std::size_t p, std::uint64_t sent_at, std::uint64_t seq, std::uint64_t base, bool repeat) {
+    s.handle(contribution(p, sent_at, seq, base, repeat), r.out);
+  }
+};
+}  // namespace
+
 TEST_CASE("Pull rounds: a pulled learner that moves reask_after_steps on with no answer in is asked once more, once "
           "per round, once an answer time has been measured; `repeat` answers only such a second ask",
           "[syncer][pull]") {
   const std::uint64_t after = GENERATE(std::uint64_t{0}, std::uint64_t{3}, std::uint64_t{5});
   INFO("reask_after_steps = " << after);
-  Rig r;
-  pull_rounds(r.config, 16);  // two fragments: slots at global steps 8 + 16 n and 16 n (one of each)
-  r.config.pull_timeout = 10s;
-  r.config.reask_after_steps = after;
-  Syncer<> s(r.plan, r.init, r.clock, r.config);
-  r.join(s, 1);
-  std::map<std::size_t, std::vector<std::uint64_t>> asked, again;  // fragment -> steps at which it was (re)asked
-  std::optional<Message> first_pull;
-  std::uint64_t step = 0;
-  const auto report = [&](std::uint64_t to) {
-    while (step < to) {
-      metadata_tick(r, s, 1, ++step);
-      for (const auto& o : r.out) {
-        if (o.message.type != MessageType::pull) continue;
-        (o.message.repeat ? again : asked)[o.message.fragment].push_back(step);
-        if (!first_pull) first_pull = o.message;
-      }
-    }
-  };
+  PullLearnerOne t(16, after);  // two fragments: slots at global steps 8 + 16 n and 16 n (one of each)
+  auto& s = t.s;
   // Fragment q's slot at global step 8 pulls learner 1 at its step 8; it answers after step 9 (1 ms).
-  report(9);
-  REQUIRE(first_pull.has_value());
-  const std::size_t q = first_pull->fragment, other = 1 - q;
-  r.steps_so_far[1] = 8;
-  s.handle(r.contribution(1, q, 0.5f, Rig::seq0() + 1, 0, 1, 10), r.out);
+  t.report(9);
+  REQUIRE_FALSE(t.pulls.empty());
+  const std::size_t q = t.pulls.front().second.fragment, other = 1 - q;
+  t.answer(q, 9, 1, 0, false);
   REQUIRE(s.status().fragments[q].merges == 1);
   // The other fragment's first round (global step 16) and q's second (step 24) get no answer. Only
   // q, whose answer time is known, asks again: once, at the step named (and 1.5 ms after the pull).
-  report(30);
-  CHECK(asked[q] == std::vector<std::uint64_t>{8, 24});
-  CHECK(asked[other] == std::vector<std::uint64_t>{16});
-  CHECK(again[other].empty());
+  t.report(30);
+  CHECK(t.asked(q, false) == std::vector<std::uint64_t>{8, 24});
+  CHECK(t.asked(other, false) == std::vector<std::uint64_t>{16});
+  CHECK(t.asked(other, true).empty());
   if (after == 0) {
-    CHECK(again[q].empty());
+    CHECK(t.asked(q, true).empty());
   } else {
-    CHECK(again[q] == std::vector<std::uint64_t>{24 + after});
+    CHECK(t.asked(q, true) == std::vector<std::uint64_t>{24 + after});
   }
   CHECK(s.status().pulls_repeated == (after == 0 ? 0 : 1));
   // A contribution marked `repeat`, sent after the second ask (learner step 31), answers an open
   // second ask only: refused otherwise, owing nothing; the answer itself is merged.
-  r.steps_so_far[1] = 30;
-  Message marked = r.contribution(1, q, 0.5f, Rig::seq0() + 2, 1, 1, 10);
-  marked.repeat = true;
-  r.out.clear();
-  s.handle(marked, r.out);
+  t.r.out.clear();
+  t.answer(q, 31, 2, 1, true);
   const auto rejected = [&](RejectReason why) { return s.status().rejected[static_cast<std::size_t>(why)]; };
   CHECK(rejected(RejectReason::unsolicited) == (after == 0 ? 1 : 0));
-  if (after == 0) {
-    r.steps_so_far[1] = 30;
-    s.handle(r.contribution(1, q, 0.5f, Rig::seq0() + 3, 1, 1, 10), r.out);
-  }
+  if (after == 0) t.answer(q, 31, 3, 1, false);
   CHECK(s.status().fragments[q].merges == 2);
   CHECK(s.status().contributions_accepted == 2);
   CHECK(s.status().answers_redundant == 0);
@@ -1896,37 +1916,20 @@ TEST_CASE("Pull rounds: a pulled learner that moves reask_after_steps on with no
 TEST_CASE("Pull rounds: an answer received and queued (SyncerRuntime) keeps its learner's later step reports from "
           "asking for it again",
           "[syncer][pull]") {
-  Rig r;
-  pull_rounds(r.config, 16);
-  r.config.pull_timeout = 10s;
-  Syncer<> s(r.plan, r.init, r.clock, r.config);
-  r.join(s, 1);
-  std::optional<Message> pull;
-  std::uint64_t step = 0, repeats = 0;
-  const auto report = [&](std::uint64_t to) {
-    while (step < to) {
-      metadata_tick(r, s, 1, ++step);
-      for (const auto& o : r.out) {
-        if (o.message.type != MessageType::pull) continue;
-        if (o.message.repeat) ++repeats;
-        if (!pull) pull = o.message;
-      }
-    }
-  };
-  report(9);  // global step 8: fragment q pulls learner 1 at its step 8, answered after step 9
-  REQUIRE(pull.has_value());
-  const std::size_t q = pull->fragment;
-  r.steps_so_far[1] = 8;
-  s.handle(r.contribution(1, q, 0.5f, Rig::seq0() + 1, 0, 1, 10), r.out);
+  PullLearnerOne t(16, 3);
+  auto& s = t.s;
+  t.report(9);  // global step 8: fragment q pulls learner 1 at its step 8, answered after step 9
+  REQUIRE_FALSE(t.pulls.empty());
+  const std::size_t q = t.pulls.front().second.fragment;
+  t.answer(q, 9, 1, 0, false);
   REQUIRE(s.status().fragments[q].merges == 1);
-  report(25);  // q's next round: pulled at step 24, answered after step 25
-  r.steps_so_far[1] = 24;
-  const Message answer = r.contribution(1, q, 0.5f, Rig::seq0() + 2, 1, 1, 10);
+  t.report(25);  // q's next round: pulled at step 24, answered after step 25
+  const Message answer = t.contribution(q, 25, 2, 1, false);
   s.note_queued(answer);  // in, queued behind a merge; its step reports are handled first
-  report(30);             // 6 steps past the pull: without the note, asked again at 27
-  CHECK(repeats == 0);
+  t.report(30);           // 6 steps past the pull: without the note, asked again at 27
+  CHECK(t.asked(q, true).empty());
   CHECK(s.status().pulls_repeated == 0);
-  s.handle(answer, r.out);
+  s.handle(answer, t.r.out);
   CHECK(s.status().fragments[q].merges == 2);
   CHECK(s.status().rejected_total() == 0);
 }
@@ -1934,49 +1937,30 @@ TEST_CASE("Pull rounds: an answer received and queued (SyncerRuntime) keeps its 
 TEST_CASE("Pull rounds: a second answer that comes after its learner was asked again in a later round is dropped as "
           "redundant, not taken as the later answer",
           "[syncer][pull]") {
-  Rig r;
-  pull_rounds(r.config, 8);  // two fragments: each fragment's slot every 8 global steps
-  r.config.pull_timeout = 10s;
-  Syncer<> s(r.plan, r.init, r.clock, r.config);
-  r.join(s, 1);
-  std::map<std::size_t, std::vector<Message>> asked;  // per fragment: pulls and second asks, in order
-  std::uint64_t step = 0;
-  const auto report = [&](std::uint64_t to) {
-    while (step < to) {
-      metadata_tick(r, s, 1, ++step);
-      for (const auto& o : r.out)
-        if (o.message.type == MessageType::pull) asked[o.message.fragment].push_back(o.message);
-    }
-  };
-  const auto answer = [&](std::size_t p, std::uint64_t sent_at, std::uint64_t seq, std::uint64_t base, bool repeat) {
-    r.steps_so_far[1] = sent_at - 1;
-    Message m = r.contribution(1, p, 0.5f, Rig::seq0() + seq, base, 1, 10);
-    m.repeat = repeat;
-    s.handle(m, r.out);
-  };
-  report(5);  // the first slot (global step 4) pulls learner 1 at its step 4; answered after step 5
-  REQUIRE(asked.size() == 1);
-  const std::size_t q = asked.begin()->first;
-  answer(q, 5, 1, 0, false);
+  PullLearnerOne t(8, 3);  // two fragments: each fragment's slot every 8 global steps
+  auto& s = t.s;
+  t.report(5);  // the first slot (global step 4) pulls learner 1 at its step 4; answered after step 5
+  REQUIRE(t.pulls.size() == 1);
+  const std::size_t q = t.pulls.front().second.fragment;
+  t.answer(q, 5, 1, 0, false);
   REQUIRE(s.status().fragments[q].merges == 1);
-  report(15);  // q's second round: pulled at step 12, no answer by step 15: asked again
-  REQUIRE(asked[q].size() == 3);
-  CHECK(asked[q][2].repeat);
+  t.report(15);  // q's second round: pulled at step 12, no answer by step 15: asked again
+  REQUIRE(t.asked(q, false) == std::vector<std::uint64_t>{4, 12});
+  CHECK(t.asked(q, true) == std::vector<std::uint64_t>{15});
   // Its first answer comes now (sent at step 13; the second ask crossed it): taken, merged.
-  answer(q, 13, 2, 1, false);
+  t.answer(q, 13, 2, 1, false);
   REQUIRE(s.status().fragments[q].merges == 2);
-  report(23);  // q's third round: pulled at step 20 and, its answer lost say, asked again at 23
-  REQUIRE(asked[q].size() == 5);
-  CHECK_FALSE(asked[q][3].repeat);
-  CHECK(asked[q][4].repeat);
+  t.report(23);  // q's third round: pulled at step 20 and, its answer lost say, asked again at 23
+  REQUIRE(t.asked(q, false) == std::vector<std::uint64_t>{4, 12, 20});
+  CHECK(t.asked(q, true) == std::vector<std::uint64_t>{15, 23});
   // The second answer to the SECOND round's second ask (sent at step 16), late: dropped, and this
   // round's second ask stays open.
-  answer(q, 16, 3, 1, true);
+  t.answer(q, 16, 3, 1, true);
   CHECK(s.status().answers_redundant == 1);
   CHECK(s.status().rejected_total() == 0);
   CHECK(s.status().fragments[q].merges == 2);
   // The answer to this round's second ask (sent at step 24, from version 2) is the one merged.
-  answer(q, 24, 4, 2, true);
+  t.answer(q, 24, 4, 2, true);
   CHECK(s.status().fragments[q].merges == 3);
   CHECK(s.status().contributions_accepted == 3);
   CHECK(s.status().rejected_total() == 0);

@@ -800,9 +800,8 @@ class Syncer {
     /// twice, it merges once. At most one entry per known learner.
     struct Reask {
       std::uint64_t round_step = 0;
-      std::uint64_t learner_step = 0;  ///< its step counter when asked again: a second answer is sent later
-      bool answered = false;
-      std::uint64_t taken = 0;  ///< the sequence number of the answer taken
+      std::uint64_t learner_step = 0;     ///< its step counter when asked again: a second answer is sent later
+      std::optional<std::uint64_t> taken;  ///< the sequence number of the answer taken since, if one came
     };
     std::map<LearnerId, Reask> reasked;
     /// Pull rounds: the previous globals (version, values), oldest first, at

@@ -176,17 +176,16 @@ auto Syncer<Rule, Opt, Weights, Wait>::admit(std::size_t p, FragmentState& f, Ch
   // asked again answers an earlier second ask (it came late): redundant too,
   // and the open second ask stays open.
   const auto reask = f.reasked.find(m.learner);
-  if (reask != f.reasked.end() && m.repeat && m.sequence > last && m.step <= reask->second.learner_step) {
-    last = m.sequence;
-    count_redundant(m);
-    return false;
-  }
-  if (reask != f.reasked.end() && reask->second.answered && m.sequence != reask->second.taken &&
-      (m.repeat || !f.owed.contains(m.learner))) {
-    f.reasked.erase(reask);
-    last = std::max(last, m.sequence);
-    count_redundant(m);
-    return false;
+  if (reask != f.reasked.end()) {
+    const auto& [round_step, learner_step, taken] = reask->second;
+    const bool late_second = m.repeat && m.sequence > last && m.step <= learner_step;
+    const bool second_of_two = taken && m.sequence != *taken && (m.repeat || !f.owed.contains(m.learner));
+    if (late_second || second_of_two) {
+      last = std::max(last, m.sequence);
+      if (!late_second) f.reasked.erase(reask);
+      count_redundant(m);
+      return false;
+    }
   }
   if (m.sequence <= last) {
     ++f.rejected_duplicate;
@@ -199,17 +198,14 @@ auto Syncer<Rule, Opt, Weights, Wait>::admit(std::size_t p, FragmentState& f, Ch
     // contributions in one round, nor contribute without being pulled). A
     // `repeat` answers only an open second ask.
     const auto owed = f.owed.find(m.learner);
-    const bool asked_twice = reask != f.reasked.end() && !reask->second.answered;
+    const bool asked_twice = reask != f.reasked.end() && !reask->second.taken;
     if (owed == f.owed.end() || (m.repeat && !asked_twice)) {
       last = m.sequence;  // refused: a replay of this one is a duplicate
       reject(RejectReason::unsolicited, m);
       return false;
     }
     if (--owed->second == 0) f.owed.erase(owed);
-    if (asked_twice) {
-      reask->second.answered = true;
-      reask->second.taken = m.sequence;
-    }
+    if (asked_twice) reask->second.taken = m.sequence;
     // A pulled learner has answered, whatever the verdict below; how long it
     // took (a late answer, from the pull it answers) sets the time-out.
     // (Not from a learner whose answers are refused: its pace is not the

@@ -377,7 +377,7 @@ auto Syncer<Rule, Opt, Weights, Wait>::reask_missing(LearnerId id, TimePoint now
       continue;
     auto [r, fresh] = f.reasked.try_emplace(id);
     if (!fresh && r->second.round_step == f.round_step) continue;  // asked twice in this round already
-    r->second = typename FragmentState::Reask{f.round_step, step, false, 0};
+    r->second = typename FragmentState::Reask{f.round_step, step, std::nullopt};
     out.push_back({id, pull_message(p, f, id, true)});
     ++asked;
   }
