@@ -935,6 +935,7 @@ class Syncer {
   void carry_on_locked(LearnerId id, TimePoint now);
   static std::uint64_t carried_position(const LearnerInfo& l) noexcept;
   static std::uint64_t position(const LearnerInfo& l) noexcept;
+  static std::uint64_t position_at(const LearnerInfo& l, std::uint64_t step) noexcept;
 
   /// a + b, or the largest std::uint64_t where that overflows.
   static constexpr std::uint64_t saturating_sum(std::uint64_t a, std::uint64_t b) noexcept {
@@ -950,7 +951,7 @@ class Syncer {
   // Every check a contribution passes before it touches a fragment
   // (precheck, then admit under the fragment's lock), the anchor of a pull
   // answer at the current global, and the fold into the round's accumulator.
-  bool stale(const FragmentState& f, std::uint64_t base) const;
+  bool stale(const FragmentState& f, const Message& m) const;
   std::optional<RejectReason> check_claims(std::size_t p, const Message& m);
 
   // ---- contributions ------------------------------------------------------

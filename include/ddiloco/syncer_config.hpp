@@ -56,9 +56,11 @@ constexpr std::string_view to_string(MergeRecipients r) noexcept {
 struct SyncerConfig {
   /// K, tau, gamma, cap, deadline of the wait policy (docs/algorithm.md, "Quorum and grace window").
   QuorumConfig quorum{};
-  /// A contribution whose base version is more than this many versions behind
-  /// the fragment's current version is rejected and answered with the current
-  /// fragment (docs/algorithm.md, "Validation and staleness").
+  /// Push rounds: a contribution whose base had been superseded for more than
+  /// this many rounds of H global steps when its learner sent it (versions
+  /// when sync_every is 0) is rejected and answered with the current fragment
+  /// (docs/algorithm.md, "Validation and staleness"). Pull rounds bound the
+  /// base by the anchor_versions kept instead.
   std::uint64_t max_staleness = 8;
   /// A learner not heard from for this long is declared dead (not counted as
   /// alive by the quorum; it comes back with its next valid message).

@@ -17,15 +17,22 @@
 
 namespace ddiloco {
 
-/// A contribution against base version `base` is stale when the global
-/// has moved on from its base for more than max_staleness rounds: with H
-/// known (sync_every), rounds of H global steps since the merge that
-/// superseded `base` (the global step of each recent version is kept), so
-/// the bound does not shrink as merges per round grow with M (push rounds at
-/// K = 1 make about one merge per learner per round); without H, or for a
-/// base older than the versions kept, versions. Caller holds f.mutex.
+/// A contribution against base version `base` = m.version is stale when the
+/// global had moved on from its base for more than max_staleness rounds when
+/// its learner sent it: with H known (sync_every), rounds of H global steps
+/// from the merge that superseded `base` (the global step of each recent
+/// version is kept) to the learner's position at m.step, so the bound does not
+/// shrink as merges per round grow with M (push rounds at K = 1 make about one
+/// merge per learner per round); without H, or for a base older than the
+/// versions kept, versions. The age ends at the send, not at the check: a
+/// contribution that waited in the syncer's own queue (SyncerRuntime drains
+/// each fragment's queue on its own, so another fragment's contributions, and
+/// step reports, move the global step on meanwhile) did not age there. The
+/// global step bounds it (a step not yet reported counts as reported).
+/// Caller holds f.mutex.
 template <MergeRule Rule, OuterOptimizer Opt, WeightRule Weights, WaitPolicy Wait>
-auto Syncer<Rule, Opt, Weights, Wait>::stale(const FragmentState& f, std::uint64_t base) const -> bool {
+auto Syncer<Rule, Opt, Weights, Wait>::stale(const FragmentState& f, const Message& m) const -> bool {
+  const std::uint64_t base = m.version;
   if (base >= f.version) return false;  // the current global (a future base is rejected before)
   // Pull rounds: an answer is measured from the learner's base global, so it
   // can only be merged anchored at one of the previous globals kept.
@@ -34,12 +41,14 @@ auto Syncer<Rule, Opt, Weights, Wait>::stale(const FragmentState& f, std::uint64
   if (config_.sync_every != 0) {
     for (auto it = f.version_steps.rbegin(); it != f.version_steps.rend(); ++it) {
       if (it->first != base + 1) continue;
-      std::uint64_t now_step = 0;
+      std::uint64_t sent_step = 0;
       {
         std::unique_lock lock(members_mutex_);
-        now_step = global_step_;
+        sent_step = global_step_;
+        if (const auto l = learners_.find(m.learner); l != learners_.end())
+          sent_step = std::min(sent_step, position_at(l->second, m.step));
       }
-      const std::uint64_t age = now_step > it->second ? now_step - it->second : 0;
+      const std::uint64_t age = sent_step > it->second ? sent_step - it->second : 0;
       return age / config_.sync_every > config_.max_staleness;
     }
   }
@@ -225,7 +234,7 @@ auto Syncer<Rule, Opt, Weights, Wait>::admit(std::size_t p, FragmentState& f, Ch
     count_tally(m, RejectReason::future_version);
     return false;
   }
-  if (stale(f, m.version)) {
+  if (stale(f, m)) {
     ++f.rejected_stale;
     count_tally(m, RejectReason::stale);
     last = m.sequence;  // answered: a replay of this one is a duplicate
