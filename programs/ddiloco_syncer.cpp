@@ -361,7 +361,7 @@ int main(int argc, char** argv) try {
   f.add("deadline-ms", "60000", "hard bound of a round, milliseconds");
   f.add("max-staleness", "8",
         "push rounds: rounds of H global steps a contribution's base may have been superseded for when it was "
-        "sent, before it is rejected and answered (versions without H)");
+        "received, before it is rejected and answered (versions without H)");
   f.add("heartbeat-timeout-ms", "10000", "a learner silent this long is declared dead");
   f.add("max-tokens-per-step", "0",
         "bound on the tokens one inner step of a learner may process (its batch in tokens): a join declaring "

@@ -371,34 +371,37 @@ TEST_CASE("A contribution against a base older than the bound is rejected and an
   CHECK(r.out[0].message.version == 3);
 }
 
-TEST_CASE("A contribution is as stale as its base was when its learner sent it, however long it then waited in the "
-          "syncer's queue",
+TEST_CASE("A queued contribution is as stale as its base was when the syncer received it, however long it then "
+          "waited",
           "[syncer]") {
-  // SyncerRuntime drains each fragment's queue on its own, so while fragment
-  // p's drain is behind, contributions to q move the global step on. Played
-  // here by hand: learner 2's contribution to p, sent at step 8 against the
-  // global of step 8, is handled only after learner 1 has reached step 48.
+  // SyncerRuntime drains each fragment's queue on its own (note_queued() at
+  // receipt, handle_batch() later), so while fragment p's drain is behind,
+  // contributions to q move the global step on. Played here by hand: learner
+  // 2's contribution to p, received at global step 8 against the global of
+  // step 8, is handled only after learner 1 has reached step 48.
   Rig r;
   SyncerConfig c = k_of(1);
   c.sync_every = 8;
-  c.max_staleness = 2;  // stale: superseded more than 2 rounds (16 global steps) before the send
+  c.max_staleness = 2;  // stale: superseded more than 2 rounds (16 global steps) before its receipt
   Syncer<WeightedAverage, AverageOnly> s(r.plan, r.init, r.clock, c);
   r.join_training(s, 1);
   r.join_training(s, 2);
   const std::size_t p = r.fragment_of_w(), q = 1 - p;
   s.handle(r.contribution(1, p, 0.01f, Rig::seq0() + 1, 0, 8), r.out);  // learner 1, step 8: p's version 1
   REQUIRE(s.fragment(p).second == 1);
-  const Message queued = r.contribution(2, p, 0.02f, Rig::seq0() + 1, 0, 8);  // learner 2, step 8, base 0
+  const Message queued = r.contribution(2, p, 0.02f, Rig::seq0() + 1, 0, 8);  // learner 2, base 0
+  s.note_queued(queued);
   for (std::uint64_t i = 1; i <= 5; ++i)  // learner 1, steps 16 to 48, on q
     s.handle(r.contribution(1, q, 0.01f, Rig::seq0() + 1 + i, i - 1, 8), r.out);
   REQUIRE(s.status().global_step == 48);
-  s.handle(queued, r.out);  // superseded at step 8, sent at step 8: 0 rounds old
+  s.handle_batch(std::span<const Message>(&queued, 1), r.out);  // superseded at 8, received at 8: 0 rounds
   CHECK(s.status().rejected[static_cast<std::size_t>(RejectReason::stale)] == 0);
   CHECK(s.fragment(p).second == 2);
-  // The same base sent at step 48 is 5 rounds old: stale, answered with p's current global.
-  r.steps_so_far[2] = 40;
+  // The same base received now, at global step 48, is 5 rounds old: stale,
+  // answered with p's current global; the learner's own step counter (8: it
+  // may be a slow learner) does not make it younger.
   r.out.clear();
-  s.handle(r.contribution(2, p, 0.02f, Rig::seq0() + 2, 0, 8), r.out);
+  s.handle(r.contribution(2, p, 0.02f, Rig::seq0() + 2, 0, 1), r.out);
   CHECK(s.status().rejected[static_cast<std::size_t>(RejectReason::stale)] == 1);
   CHECK(s.fragment(p).second == 2);
   REQUIRE(r.count(MessageType::global_fragment) == 1);

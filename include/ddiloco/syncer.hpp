@@ -232,20 +232,23 @@ class Syncer {
 
   /// A contribution was received and waits in a queue to be handled (SyncerRuntime
   /// queues them per fragment for its workers, while other messages are handled
-  /// at once): until it is handled, its learner's step reports do not make the
-  /// syncer ask it again for that fragment (reask_after_steps), since its answer
-  /// is in. Handling the contribution, by handle() or handle_batch(), ends this.
+  /// at once). The global step now is kept with it: its staleness is measured
+  /// at its receipt, not when a worker gets to it (stale()). In pull rounds,
+  /// until it is handled, its learner's step reports do not make the syncer ask
+  /// it again for that fragment (reask_after_steps), since its answer is in.
+  /// Handling the contribution, by handle() or handle_batch(), ends this; each
+  /// (learner, fragment) queue is first in, first out, as the runtime's is.
   void note_queued(const Message& m) {
-    if (m.type != MessageType::contribution || !pull_schedule_ || m.fragment >= fragments_.size()) return;
+    if (m.type != MessageType::contribution || m.fragment >= fragments_.size()) return;
     std::unique_lock lock(members_mutex_);
-    ++queued_answers_[{m.learner, m.fragment}];
+    queued_[{m.learner, m.fragment}].push_back(global_step_);
   }
 
   /// Handles one incoming message; replies go to `out`. Never throws for bad
   /// input: a bad message is counted and dropped (or answered).
   void handle(const Message& m, Outbox& out) {
     const TimePoint now = clock_->now();
-    count_in(m);
+    const auto received_at = count_in(m);
     if (m.type == MessageType::join || m.type == MessageType::observe) {
       // A request that does not fit this run is answered with the reason, so
       // the requester can say what is wrong instead of timing out.
@@ -264,7 +267,7 @@ class Syncer {
         refresh_waiting_rounds(now, out);
         reask_missing(m.learner, now, out);
         return send_rejoin_requests(out);
-      case MessageType::contribution: on_contribution(m, now, out); return send_rejoin_requests(out);
+      case MessageType::contribution: on_contribution(m, now, received_at, out); return send_rejoin_requests(out);
       case MessageType::join:
       case MessageType::observe:
       case MessageType::full_state:
@@ -297,10 +300,10 @@ class Syncer {
     for (const Message& m : msgs) {
       const TimePoint now = clock_->now();
       if (m.type == MessageType::contribution) {
-        count_in(m);
+        const auto received_at = count_in(m);
         if (m.fingerprint != plan_.fingerprint()) {
           reject(RejectReason::foreign_plan, m);
-        } else if (auto c = precheck(m, now)) {
+        } else if (auto c = precheck(m, now, received_at)) {
           pending.push_back(*c);
         }
         continue;
@@ -623,7 +626,7 @@ class Syncer {
     opened_through_ = 0;
     waiting_rounds_.clear();
     pulling_rounds_.clear();
-    queued_answers_.clear();
+    queued_.clear();
     merges_total_.store(merges, std::memory_order_relaxed);
   }
 
@@ -833,19 +836,26 @@ class Syncer {
   std::size_t tensor_offset(std::size_t t) const { return tensor_offsets_[t]; }
 
   // ---- counters -----------------------------------------------------------
-  void count_in(const Message& m) {
+  /// Counts an incoming message; for a contribution noted as queued
+  /// (note_queued()), ends that and returns the global step at its receipt.
+  std::optional<std::uint64_t> count_in(const Message& m) {
+    std::optional<std::uint64_t> received_at;
     {
       std::unique_lock lock(members_mutex_);
       counters_.bytes_in += sizeof(Message) + m.payload_bytes();
-      if (m.type == MessageType::contribution && !queued_answers_.empty()) {
-        if (auto it = queued_answers_.find({m.learner, m.fragment}); it != queued_answers_.end() && --it->second == 0)
-          queued_answers_.erase(it);
+      if (m.type == MessageType::contribution && !queued_.empty()) {
+        if (auto it = queued_.find({m.learner, m.fragment}); it != queued_.end()) {
+          received_at = it->second.front();
+          it->second.pop_front();
+          if (it->second.empty()) queued_.erase(it);
+        }
       }
     }
     if (m.type == MessageType::contribution && !tallies_.empty()) {
       std::lock_guard lock(tally_mutex_);
       if (auto it = tallies_.find(m.learner); it != tallies_.end()) ++it->second.contributions;
     }
+    return received_at;
   }
   void count_out(const Outbox& out, std::size_t from) {
     std::uint64_t bytes = 0;
@@ -935,7 +945,6 @@ class Syncer {
   void carry_on_locked(LearnerId id, TimePoint now);
   static std::uint64_t carried_position(const LearnerInfo& l) noexcept;
   static std::uint64_t position(const LearnerInfo& l) noexcept;
-  static std::uint64_t position_at(const LearnerInfo& l, std::uint64_t step) noexcept;
 
   /// a + b, or the largest std::uint64_t where that overflows.
   static constexpr std::uint64_t saturating_sum(std::uint64_t a, std::uint64_t b) noexcept {
@@ -951,7 +960,6 @@ class Syncer {
   // Every check a contribution passes before it touches a fragment
   // (precheck, then admit under the fragment's lock), the anchor of a pull
   // answer at the current global, and the fold into the round's accumulator.
-  bool stale(const FragmentState& f, const Message& m) const;
   std::optional<RejectReason> check_claims(std::size_t p, const Message& m);
 
   // ---- contributions ------------------------------------------------------
@@ -959,6 +967,9 @@ class Syncer {
   struct Checked {
     const Message* m = nullptr;
     TimePoint now{0};  ///< when it was handled (round start, step time)
+    /// The global step when it was received, if it waited in a queue
+    /// (note_queued()); else it is handled as it is received.
+    std::optional<std::uint64_t> received_at;
     double norm = 0.0;    ///< ||v|| of the whole fragment, as sent
     double weight = 0.0;  ///< WeightRule of the claims; admit() caps it
     double scale = 1.0;   ///< set by admit(): the factor v enters the merge with (clipping)
@@ -969,8 +980,9 @@ class Syncer {
     std::shared_ptr<const std::vector<float>> anchored;
   };
 
-  void on_contribution(const Message& m, TimePoint now, Outbox& out);
-  std::optional<Checked> precheck(const Message& m, TimePoint now);
+  void on_contribution(const Message& m, TimePoint now, std::optional<std::uint64_t> received_at, Outbox& out);
+  bool stale(const FragmentState& f, const Checked& c) const;
+  std::optional<Checked> precheck(const Message& m, TimePoint now, std::optional<std::uint64_t> received_at = {});
   bool admit(std::size_t p, FragmentState& f, Checked& c, Outbox& out);
   bool anchor(std::size_t p, FragmentState& f, Checked& c);
   void fold(std::span<Checked> batch, Outbox& out);
@@ -1065,8 +1077,10 @@ class Syncer {
   std::uint64_t opened_through_ = 0;
   std::vector<std::size_t> waiting_rounds_;  ///< fragments whose pull round waits for its quorum
   std::vector<std::size_t> pulling_rounds_;  ///< fragments whose pull round waits for its answers
-  /// (learner, fragment) -> contributions received and queued, not yet handled (note_queued()).
-  std::map<std::pair<LearnerId, std::uint32_t>, std::uint32_t> queued_answers_;
+  /// (learner, fragment) -> the global step at the receipt of each of its
+  /// contributions received and queued, not yet handled, oldest first
+  /// (note_queued(); at most what the runtime's queues hold).
+  std::map<std::pair<LearnerId, std::uint32_t>, std::deque<std::uint64_t>> queued_;
   detail::Ema step_seconds_{0.1};            ///< inner-step time over all learners' messages
 };
 

@@ -57,7 +57,7 @@ struct SyncerConfig {
   /// K, tau, gamma, cap, deadline of the wait policy (docs/algorithm.md, "Quorum and grace window").
   QuorumConfig quorum{};
   /// Push rounds: a contribution whose base had been superseded for more than
-  /// this many rounds of H global steps when its learner sent it (versions
+  /// this many rounds of H global steps when the syncer received it (versions
   /// when sync_every is 0) is rejected and answered with the current fragment
   /// (docs/algorithm.md, "Validation and staleness"). Pull rounds bound the
   /// base by the anchor_versions kept instead.

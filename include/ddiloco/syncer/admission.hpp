@@ -19,20 +19,19 @@ namespace ddiloco {
 
 /// A contribution against base version `base` = m.version is stale when the
 /// global had moved on from its base for more than max_staleness rounds when
-/// its learner sent it: with H known (sync_every), rounds of H global steps
+/// the syncer received it: with H known (sync_every), rounds of H global steps
 /// from the merge that superseded `base` (the global step of each recent
-/// version is kept) to the learner's position at m.step, so the bound does not
+/// version is kept) to the global step at its receipt, so the bound does not
 /// shrink as merges per round grow with M (push rounds at K = 1 make about one
 /// merge per learner per round); without H, or for a base older than the
-/// versions kept, versions. The age ends at the send, not at the check: a
+/// versions kept, versions. At its receipt, not when it is checked: a
 /// contribution that waited in the syncer's own queue (SyncerRuntime drains
-/// each fragment's queue on its own, so another fragment's contributions, and
-/// step reports, move the global step on meanwhile) did not age there. The
-/// global step bounds it (a step not yet reported counts as reported).
-/// Caller holds f.mutex.
+/// each fragment's queue on its own, so other fragments' contributions and
+/// step reports move the global step on meanwhile) does not age there
+/// (note_queued() keeps the step). Caller holds f.mutex.
 template <MergeRule Rule, OuterOptimizer Opt, WeightRule Weights, WaitPolicy Wait>
-auto Syncer<Rule, Opt, Weights, Wait>::stale(const FragmentState& f, const Message& m) const -> bool {
-  const std::uint64_t base = m.version;
+auto Syncer<Rule, Opt, Weights, Wait>::stale(const FragmentState& f, const Checked& c) const -> bool {
+  const std::uint64_t base = c.m->version;
   if (base >= f.version) return false;  // the current global (a future base is rejected before)
   // Pull rounds: an answer is measured from the learner's base global, so it
   // can only be merged anchored at one of the previous globals kept.
@@ -41,14 +40,12 @@ auto Syncer<Rule, Opt, Weights, Wait>::stale(const FragmentState& f, const Messa
   if (config_.sync_every != 0) {
     for (auto it = f.version_steps.rbegin(); it != f.version_steps.rend(); ++it) {
       if (it->first != base + 1) continue;
-      std::uint64_t sent_step = 0;
+      std::uint64_t received = 0;
       {
         std::unique_lock lock(members_mutex_);
-        sent_step = global_step_;
-        if (const auto l = learners_.find(m.learner); l != learners_.end())
-          sent_step = std::min(sent_step, position_at(l->second, m.step));
+        received = std::min(global_step_, c.received_at.value_or(global_step_));
       }
-      const std::uint64_t age = sent_step > it->second ? sent_step - it->second : 0;
+      const std::uint64_t age = received > it->second ? received - it->second : 0;
       return age / config_.sync_every > config_.max_staleness;
     }
   }
@@ -107,15 +104,17 @@ auto Syncer<Rule, Opt, Weights, Wait>::check_claims(std::size_t p, const Message
 }
 
 template <MergeRule Rule, OuterOptimizer Opt, WeightRule Weights, WaitPolicy Wait>
-auto Syncer<Rule, Opt, Weights, Wait>::on_contribution(const Message& m, TimePoint now, Outbox& out) -> void {
-  if (auto c = precheck(m, now)) fold(std::span<Checked>(&*c, 1), out);
+auto Syncer<Rule, Opt, Weights, Wait>::on_contribution(const Message& m, TimePoint now,
+                                                       std::optional<std::uint64_t> received_at, Outbox& out) -> void {
+  if (auto c = precheck(m, now, received_at)) fold(std::span<Checked>(&*c, 1), out);
 }
 
 /// The checks of a contribution that need no fragment lock: index, size,
 /// counters, finiteness (one pass computing every tensor's squared norm too,
 /// which add_batch then does not compute again), known learner.
 template <MergeRule Rule, OuterOptimizer Opt, WeightRule Weights, WaitPolicy Wait>
-auto Syncer<Rule, Opt, Weights, Wait>::precheck(const Message& m, TimePoint now) -> std::optional<Checked> {
+auto Syncer<Rule, Opt, Weights, Wait>::precheck(const Message& m, TimePoint now,
+                                                std::optional<std::uint64_t> received_at) -> std::optional<Checked> {
   const auto refuse = [this, &m](RejectReason why) -> std::optional<Checked> {
     reject(why, m);
     if (why != RejectReason::bad_fragment && why != RejectReason::wrong_shard) note_answer(m.learner, false);
@@ -158,6 +157,7 @@ auto Syncer<Rule, Opt, Weights, Wait>::precheck(const Message& m, TimePoint now)
   Checked c;
   c.m = &m;
   c.now = now;
+  c.received_at = received_at;
   c.norm = std::sqrt(sq);
   if (!touch(m.learner, now, m.step, &c.step_time)) return std::nullopt;
   c.weight = weights_(Counters{m.steps, m.tokens});
@@ -234,7 +234,7 @@ auto Syncer<Rule, Opt, Weights, Wait>::admit(std::size_t p, FragmentState& f, Ch
     count_tally(m, RejectReason::future_version);
     return false;
   }
-  if (stale(f, m)) {
+  if (stale(f, c)) {
     ++f.rejected_stale;
     count_tally(m, RejectReason::stale);
     last = m.sequence;  // answered: a replay of this one is a duplicate

@@ -461,16 +461,8 @@ auto Syncer<Rule, Opt, Weights, Wait>::carried_position(const LearnerInfo& l) no
 /// join plus the inner steps it has trained since (saturating). Caller holds members_mutex_.
 template <MergeRule Rule, OuterOptimizer Opt, WeightRule Weights, WaitPolicy Wait>
 auto Syncer<Rule, Opt, Weights, Wait>::position(const LearnerInfo& l) noexcept -> std::uint64_t {
-  return position_at(l, l.step);
-}
-
-/// The same at the learner's inner step `step` (a message's, which may be
-/// older than the newest it reported). Caller holds members_mutex_.
-template <MergeRule Rule, OuterOptimizer Opt, WeightRule Weights, WaitPolicy Wait>
-auto Syncer<Rule, Opt, Weights, Wait>::position_at(const LearnerInfo& l, std::uint64_t step) noexcept
-    -> std::uint64_t {
-  if (!l.join_step || step <= *l.join_step) return l.join_global;
-  return saturating_sum(l.join_global, step - *l.join_step);
+  if (!l.join_step || l.step <= *l.join_step) return l.join_global;
+  return saturating_sum(l.join_global, l.step - *l.join_step);
 }
 
 /// Pull rounds: records whether learner `id`'s latest contribution was

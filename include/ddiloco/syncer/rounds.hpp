@@ -361,7 +361,7 @@ auto Syncer<Rule, Opt, Weights, Wait>::reask_missing(LearnerId id, TimePoint now
     step = it->second.step;
     // (Not for a fragment whose answer from it is in, queued to be handled: note_queued().)
     for (std::size_t p : pulling_rounds_)
-      if (!queued_answers_.contains({id, static_cast<std::uint32_t>(p)})) pulling.push_back(p);
+      if (!queued_.contains({id, static_cast<std::uint32_t>(p)})) pulling.push_back(p);
   }
   const std::size_t from = out.size();
   std::uint64_t asked = 0;
