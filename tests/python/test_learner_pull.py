@@ -143,7 +143,9 @@ def test_two_pull_learners_are_pulled_once_per_round_and_the_syncer_merges_their
     assert st["global_step"] >= H * (st["merges"] // P - 1), st
     for learner_id, r in results.items():
         assert r["round"] == "pull" and r["metadata_sent"] == r["step"], r
-        assert r["pulls"] >= 4 and r["sends"] >= 4 and r["sends"] <= r["pulls"], r  # a send answers a pull
+        # A send answers a pull, or a second ask of one whose answer may be lost (pulls_repeated: answered
+        # once more, from the same base).
+        assert r["pulls"] >= 4 and r["sends"] >= 4 and r["sends"] <= r["pulls"] + r["pulls_repeated"], r
         assert r["applies"] >= 4, r
 
 
