@@ -405,11 +405,27 @@ TEST_CASE("detail::RobustReference: a learner with a short history votes no lowe
     r.put(2, 1.1);
     CHECK(*r.median() <= 1.2);
   }
-  SECTION("with every history short, the plain lower median (a dip counts until someone's history is full)") {
+  SECTION("with every history short, a learner's dip votes no lower than the other learners' maxima") {
+    // The first rounds of a run: nobody holds 8 values yet.
     detail::RobustReference r(16, 8);
     r.put(1, 2.0);
     r.put(2, 1e-4);
-    CHECK(r.median() == 1e-4);
+    CHECK(r.median() == 2.0);
+    r.put(1, 1.5);
+    r.put(2, 1.0);  // learner 2's own maximum now, under the floor of learner 1's 2.0
+    CHECK(r.median() == 2.0);
+    r.put(3, 3.0);  // three learners: the lower median of 2.0 (learner 1), 2.0 (learner 2 lifted), 3.0
+    CHECK(r.median() == 2.0);
+  }
+  SECTION("with every history short, one liar among three cannot lift an honest learner's vote past the honest") {
+    detail::RobustReference r(16, 8);
+    r.put(9, 1e6);  // the liar speaks first
+    r.put(1, 1.0);
+    r.put(2, 1.2);
+    CHECK(*r.median() <= 1.2);
+    r.put(9, 1e7);
+    r.put(3, 1e-4);  // a third honest learner's first value, a dip: lifted to the honest maxima, not to the liar's
+    CHECK(r.median() == 1.2);
   }
   SECTION("clear forgets the reference") {
     detail::RobustReference r(16, 2);
@@ -419,30 +435,42 @@ TEST_CASE("detail::RobustReference: a learner with a short history votes no lowe
   }
 }
 
-TEST_CASE("A newcomer whose first norm is a dip near zero does not pull the reference down, so nobody is clipped "
+TEST_CASE("A learner whose first norm is a dip near zero does not pull the reference down, so nobody is clipped "
           "or rejected after it",
           "[syncer][admission]") {
-  // Learner 1 fills its history with norms near R; learner 2 arrives and its
-  // first accepted contribution has norm 1e-4 R (an outer gradient passing
-  // through zero). With two learners the reference is the smaller recent
-  // maximum: counting learner 2's one value made it 1e-4 R, so learner 1's
-  // next ordinary contribution was clipped to 4e-4 R and learner 2's next one
-  // rejected as norm_outlier (tests/python/test_group.py, 1 run in 10).
+  // Learner 1 sends norms near R; learner 2's first accepted contribution has
+  // norm 1e-4 R (an outer gradient passing through zero). With two learners
+  // the reference is the smaller recent maximum: counting learner 2's one
+  // value made it 1e-4 R, so learner 1's next ordinary contribution was
+  // clipped to 4e-4 R and learner 2's next one rejected as norm_outlier.
   Driver d;
   SyncerConfig c = base_config(1);
+  // Learner 1's contributions before the dip, and after it before learner 2 sends again.
+  std::size_t before = 0, after = 0;
+  SECTION("next to a learner whose history is full (tests/python/test_group.py, 1 run in 10)") {
+    before = c.reference_history;
+  }
+  SECTION("in the first rounds of a run, before anyone's history is full (tests/python/test_shards.py, "
+          "1 run in 100 under load)") {
+    before = 1;
+    after = c.norm_warmup - 2;  // the reference is in force from learner 2's next contribution
+  }
   Syncer<fast::RadialDirectional, PlainSGD> s(d.plan, d.init, d.clock, c, fast::RadialDirectional{}, PlainSGD(1.0f));
   d.join(s, 1);
   d.join(s, 2);
   const auto base = gaussian(d.numel(0), 21);
-  for (std::uint32_t r = 0; r < c.reference_history; ++r)
-    s.handle(d.contribution(1, 0, gaussian(d.numel(0), 100 + r), s.fragment(0).second), d.out);
+  std::uint32_t seed = 100;
+  for (std::size_t r = 0; r < before; ++r)
+    s.handle(d.contribution(1, 0, gaussian(d.numel(0), seed++), s.fragment(0).second), d.out);
   s.handle(d.contribution(2, 0, scaled(base, 1e-4f), s.fragment(0).second), d.out);
-  REQUIRE(s.status().contributions_accepted == c.reference_history + 1);
+  for (std::size_t r = 0; r < after; ++r)
+    s.handle(d.contribution(1, 0, gaussian(d.numel(0), seed++), s.fragment(0).second), d.out);
+  REQUIRE(s.status().contributions_accepted == before + 1 + after);
   for (std::uint32_t r = 0; r < 4; ++r) {
     s.handle(d.contribution(1, 0, gaussian(d.numel(0), 200 + r), s.fragment(0).second), d.out);
     s.handle(d.contribution(2, 0, gaussian(d.numel(0), 300 + r), s.fragment(0).second), d.out);
   }
-  CHECK(s.status().contributions_accepted == c.reference_history + 1 + 8);
+  CHECK(s.status().contributions_accepted == before + 1 + after + 8);
   CHECK(s.status().contributions_clipped == 0);
   CHECK(s.status().rejected_total() == 0);
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -24,18 +25,20 @@ namespace ddiloco::detail {
 /// under Nesterov momentum) from making the next normal contribution look
 /// like an outlier. A learner holding fewer than `history` values votes no
 /// lower than a floor (see put()): the maximum of one value is no guard
-/// against a dip, and a newcomer whose first norm was one (a group learner
-/// restarted next to a converged single learner: 2.7e-6 against 3e-3) made
-/// the lower median of two learners that dip, clipping every honest
-/// contribution to 4x it for the rest of the run (docs/algorithm.md, "The
-/// robust reference, the norm check and clipping"). Memory is fixed: learners
-/// x history doubles. Not thread-safe (the syncer holds the fragment's lock).
+/// against a dip, and a learner whose first norm was one made the lower
+/// median of two learners that dip, clipping honest contributions to 4x it
+/// (a group learner restarted next to a converged single learner: 2.7e-6
+/// against 3e-3, for the rest of the run) or rejecting them as outliers (at
+/// the start of a run: 5.8e-4 against 0.12) (docs/algorithm.md, "The robust
+/// reference, the norm check and clipping"). Memory is fixed: learners x
+/// history doubles. Not thread-safe (the syncer holds the fragment's lock).
 class RobustReference {
  public:
   explicit RobustReference(std::size_t learners = 16, std::size_t history = 8)
       : learners_(std::max<std::size_t>(learners, 1)), history_(std::max<std::size_t>(history, 1)) {
     entries_.reserve(learners_);
     scratch_.reserve(learners_);
+    maxima_.reserve(learners_);
   }
 
   void put(LearnerId id, double value) {
@@ -59,16 +62,34 @@ class RobustReference {
     }
     entries_.push_back(std::move(e));
     // The floor of a partial learner's vote: the lower median of the full
-    // learners' maxima, and no more than the reference before this value (so
-    // that a flooding liar whose history alone is full cannot lift it).
-    scratch_.clear();
+    // learners' maxima or, while nobody's history is full (the first rounds
+    // of a run), of the other learners' maxima; and no more than the
+    // reference before this value (so that a flooding liar whose history
+    // alone is full cannot lift it).
+    const double before = median_.value_or(std::numeric_limits<double>::infinity());
+    maxima_.clear();
     for (const Entry& x : entries_)
-      if (x.values.size() >= history_) scratch_.push_back(recent_max(x));
-    std::optional<double> floor;
-    if (!scratch_.empty()) floor = std::min(lower_median(scratch_), median_.value_or(std::numeric_limits<double>::infinity()));
+      if (x.values.size() >= history_) maxima_.push_back(recent_max(x));
+    const bool any_full = !maxima_.empty();
+    std::optional<double> full_floor;
+    if (any_full) full_floor = std::min(lower_median(maxima_), before);
+    if (!any_full) {  // every learner's maximum, sorted, to take each one's others' lower median from
+      for (const Entry& x : entries_) maxima_.push_back(recent_max(x));
+      std::sort(maxima_.begin(), maxima_.end());
+    }
     scratch_.clear();
-    for (const Entry& x : entries_)
-      scratch_.push_back(floor && x.values.size() < history_ ? std::max(recent_max(x), *floor) : recent_max(x));
+    for (const Entry& x : entries_) {
+      const double own = recent_max(x);
+      if (x.values.size() >= history_) {
+        scratch_.push_back(own);
+      } else if (any_full) {
+        scratch_.push_back(std::max(own, *full_floor));
+      } else if (maxima_.size() > 1) {
+        scratch_.push_back(std::max(own, std::min(others_lower_median(own), before)));
+      } else {
+        scratch_.push_back(own);
+      }
+    }
     median_ = lower_median(scratch_);
   }
 
@@ -103,11 +124,19 @@ class RobustReference {
     std::nth_element(v.begin(), mid, v.end());
     return *mid;
   }
+  /// The lower median of maxima_ (sorted, n >= 2 values) without one copy of
+  /// `own`: the ((n - 2) / 2)-th smallest of the other n - 1.
+  double others_lower_median(double own) const {
+    const std::size_t k = (maxima_.size() - 2) / 2;
+    const auto at = static_cast<std::size_t>(std::lower_bound(maxima_.begin(), maxima_.end(), own) - maxima_.begin());
+    return at <= k ? maxima_[k + 1] : maxima_[k];
+  }
 
   std::size_t learners_, history_;
   std::vector<Entry> entries_;  ///< least recently heard from first
   std::optional<double> median_;  ///< the votes' lower median after the latest put
   std::vector<double> scratch_;
+  std::vector<double> maxima_;  ///< the full learners' maxima, or (none full) every learner's, sorted
 };
 
 }  // namespace ddiloco::detail
