@@ -71,9 +71,10 @@ class RobustReference {
     for (const Entry& x : entries_)
       if (x.values.size() >= history_) maxima_.push_back(recent_max(x));
     const bool any_full = !maxima_.empty();
-    std::optional<double> full_floor;
-    if (any_full) full_floor = std::min(lower_median(maxima_), before);
-    if (!any_full) {  // every learner's maximum, sorted, to take each one's others' lower median from
+    double full_floor = 0.0;
+    if (any_full) {
+      full_floor = std::min(lower_median(maxima_), before);
+    } else {  // every learner's maximum, sorted, to take each one's others' lower median from
       for (const Entry& x : entries_) maxima_.push_back(recent_max(x));
       std::sort(maxima_.begin(), maxima_.end());
     }
@@ -83,7 +84,7 @@ class RobustReference {
       if (x.values.size() >= history_) {
         scratch_.push_back(own);
       } else if (any_full) {
-        scratch_.push_back(std::max(own, *full_floor));
+        scratch_.push_back(std::max(own, full_floor));
       } else if (maxima_.size() > 1) {
         scratch_.push_back(std::max(own, std::min(others_lower_median(own), before)));
       } else {
