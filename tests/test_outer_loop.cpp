@@ -1619,6 +1619,72 @@ TEST_CASE_METHOD(OnePullLearner,
   CHECK(la.status().pulls_repeated == 1);
 }
 
+TEST_CASE("Pull rounds: a second answer still unsent when the next round's pull comes answers that pull, unmarked, "
+          "and a second ask of that pull is answered again",
+          "[outer_loop][pull]") {
+  // The syncer's mailbox holds 2 messages, so an answer can wait in the learner (refused by the
+  // transport). A `repeat` answer is one the syncer takes only for an open second ask: once it
+  // has the first answer, it drops a `repeat` as redundant. Sent for the new round's pull, it
+  // would be dropped and that round would lose this learner's answer.
+  Rig r(2, {}, pull_config(/*tau=*/1));
+  VecParams a = zero_params();
+  auto ta = r.net.learner(1);
+  Outer la(r.plan, ta, pull_learner(1, 1));
+  r.join(la, a);
+  for (int s = 1; s <= 2; ++s) {
+    inner_step(a), la.step(a, 16);
+    r.pump();  // global step 2: fragment 1's round pulls learner 1
+  }
+  REQUIRE(r.syncer.status().pulls_sent == 1);
+  const auto answers_in = [](std::vector<Message> got) {
+    std::vector<Message> c;
+    for (auto& m : got)
+      if (m.type == MessageType::contribution) c.push_back(std::move(m));
+    return c;
+  };
+  inner_step(a), la.step(a, 16);  // step 3: the first answer and the step's metadata fill the mailbox
+  CHECK(la.status().send_failures == 0);
+  // The syncer asks again (the first answer had not reached it); the second answer is refused
+  // by the full mailbox and waits.
+  r.link.send_to(1, pull_of_fragment_1(r.plan, 2, /*repeat=*/true));
+  inner_step(a), la.step(a, 16);  // step 4
+  CHECK(la.status().pulls_repeated == 1);
+  CHECK(la.status().send_failures >= 1);
+  const auto first = answers_in(r.intercept(true));
+  REQUIRE(first.size() == 1);
+  CHECK_FALSE(first[0].repeat);
+  // The first answer was merged (version 1); the next round's pull comes while the second
+  // answer still waits. The mailbox is full again before the step that reads it.
+  Message next = pull_of_fragment_1(r.plan, 6);
+  next.version = 1;
+  r.link.send_to(1, std::move(next));
+  Message ask_next = pull_of_fragment_1(r.plan, 6, /*repeat=*/true);
+  ask_next.version = 1;
+  Message filler;
+  filler.type = MessageType::heartbeat;
+  filler.fingerprint = r.plan.fingerprint();
+  filler.learner = 9;
+  auto other = r.net.learner(9);
+  REQUIRE(other.send(Message(filler)));
+  REQUIRE(other.send(Message(filler)));
+  inner_step(a), la.step(a, 16);  // step 5: the new pull is taken, the answer still waits
+  CHECK(la.status().pulls == 2);
+  CHECK(answers_in(r.intercept(true)).empty());
+  inner_step(a), la.step(a, 16);  // step 6: it goes, as the new pull's answer
+  auto sent = answers_in(r.intercept(true));
+  REQUIRE(sent.size() == 1);
+  CHECK_FALSE(sent[0].repeat);
+  CHECK(sent[0].steps == 6);
+  // A second ask of the new round's pull is answered again, marked, once.
+  r.link.send_to(1, Message(ask_next));
+  inner_step(a), la.step(a, 16);  // step 7
+  sent = answers_in(r.intercept(true));
+  REQUIRE(sent.size() == 1);
+  CHECK(sent[0].repeat);
+  CHECK(sent[0].steps == 7);
+  CHECK(la.status().pulls_repeated == 2);
+}
+
 TEST_CASE("Pull rounds are the default: a learner whose config names no round joins a pull syncer, sends metadata "
           "every step and answers its pull",
           "[outer_loop][pull]") {

@@ -787,6 +787,10 @@ class OuterLoop {
       f.pull_floor = m.tokens > 0 ? static_cast<std::uint64_t>(m.tokens) : 0;
       f.pulled_at_step = step_;
       ++status_.pulls;
+      // A second answer still to send now answers this pull: not marked
+      // `repeat` (the syncer drops a `repeat` once it has the first answer,
+      // and this round would lose this learner's answer).
+      f.repeat_answer = false;
       if (!pending) pulls_.push_back(m.fragment);
       return;
     }
