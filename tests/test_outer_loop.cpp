@@ -1428,12 +1428,16 @@ OuterLoopConfig pull_learner(LearnerId id, std::size_t tau) {
   return c;
 }
 /// Learner 1 in pull rounds (H = 4, tau = 1), joined to a pull syncer.
+/// (`capacity` bounds every mailbox; `tape` plays the network's faults.)
 struct OnePullLearner {
-  Rig r{1024, {}, pull_config(/*tau=*/1)};
+  Rig r;
   VecParams a = zero_params();
   InProcessLearnerTransport ta = r.net.learner(1);
   Outer la{r.plan, ta, pull_learner(1, 1)};
-  OnePullLearner() { r.join(la, a); }
+  explicit OnePullLearner(std::size_t capacity = 1024, FaultTape tape = {})
+      : r(capacity, std::move(tape), pull_config(/*tau=*/1)) {
+    r.join(la, a);
+  }
 };
 /// The syncer's pull of fragment 1 at `slot` (version 0) to learner 1; a second ask if `repeat`.
 Message pull_of_fragment_1(const Plan& plan, std::uint64_t slot, bool repeat = false) {
@@ -1626,11 +1630,8 @@ TEST_CASE("Pull rounds: a second answer still unsent when the next round's pull 
   // transport). A `repeat` answer is one the syncer takes only for an open second ask: once it
   // has the first answer, it drops a `repeat` as redundant. Sent for the new round's pull, it
   // would be dropped and that round would lose this learner's answer.
-  Rig r(2, {}, pull_config(/*tau=*/1));
-  VecParams a = zero_params();
-  auto ta = r.net.learner(1);
-  Outer la(r.plan, ta, pull_learner(1, 1));
-  r.join(la, a);
+  OnePullLearner one(2);
+  auto& [r, a, ta, la] = one;
   for (int s = 1; s <= 2; ++s) {
     inner_step(a), la.step(a, 16);
     r.pump();  // global step 2: fragment 1's round pulls learner 1
@@ -2044,11 +2045,8 @@ TEST_CASE("Pull rounds: a duplicated pull is answered once", "[outer_loop][pull]
   MessageFaults f;
   f.duplicate = 1.0;  // every message twice, pulls included
   tape.set_message_faults(f);
-  Rig r(1024, tape, pull_config(1));
-  VecParams a = zero_params();
-  auto ta = r.net.learner(1);
-  Outer la(r.plan, ta, pull_learner(1, 1));
-  r.join(la, a);
+  OnePullLearner one(1024, tape);
+  auto& [r, a, ta, la] = one;
   for (int s = 1; s <= 5; ++s) {
     inner_step(a), la.step(a, 16);
     r.pump();
