@@ -209,6 +209,20 @@ TEST_CASE("A partitioned learner keeps training and is resynchronised when the p
   CHECK(distance_to_optimum(r.global) < 0.05);
 }
 
+TEST_CASE("Learners whose joins are all lost ask again at their join retry, in virtual time too", "[cluster]") {
+  // Every learner is cut off while it joins: no message is in flight and no learner computes, so
+  // the only event left is each learner's join retry (found by a seed sweep of 5% loss: seed 3537
+  // lost a message of each of the four joins and the run stopped at 1 s with nobody joined).
+  ClusterConfig c = decoupled(4);
+  for (LearnerId id = 0; id < 4; ++id) c.tape.add(Partition{id, 0ms, 50ms});
+  const auto r = Cluster(quad_plan(2), c, factory(4)).run_virtual();
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.syncer.joins == 4);  // each join heard once: the copies sent into the partition were lost
+  CHECK(r.elapsed >= c.outer.join_retry);  // nothing joined before the first retry
+  for (const auto& l : r.learners) CHECK(l.sends > 0);
+  CHECK(distance_to_optimum(r.global) < 0.05);
+}
+
 TEST_CASE("A scavenged learner joins for a while, contributes and leaves without disturbing the run", "[cluster]") {
   ClusterConfig c = decoupled(2);
   const auto alone = Cluster(quad_plan(2), c, factory(2)).run_virtual();

@@ -8,8 +8,9 @@
 //   * run_virtual(): one thread, virtual time. Every inner step takes
 //     `step_time` x slowdown of virtual time; the driver always advances the
 //     clock to the next event (a step finishing, a message arriving, a syncer
-//     deadline, a restart). Two runs with the same inputs produce bit-identical
-//     global parameters, whatever the machine's load.
+//     deadline, a restart, a joining learner's retry). Two runs with the same
+//     inputs produce bit-identical global parameters, whatever the machine's
+//     load.
 //   * run_threaded(): one thread per learner plus a SyncerRuntime with worker
 //     threads, on the real steady clock (tests run it under ThreadSanitizer).
 // What it is not: a trainer (the user's ClusterTrainer does the inner steps).
@@ -294,6 +295,7 @@ class LocalCluster {
         const auto [join_at, leave_at] = presence(s);
         if (s.state == State::running) consider(std::min(s.next, leave_at.value_or(s.next)));
         if (s.state == State::waiting) consider(s.outer->next_heartbeat());  // a waiting learner stays alive
+        if (s.state == State::joining) consider(s.outer->next_join_retry());  // a lost join is asked again
         if (s.state == State::dead) consider(s.restart_at);
         if (s.state == State::absent && (!leave_at || join_at < *leave_at) && join_at > now) consider(join_at);
       }

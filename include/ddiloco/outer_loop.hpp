@@ -315,7 +315,7 @@ class OuterLoop {
     const TimePoint deadline = transport_->clock().now() + join_timeout_;
     while (!poll_join(params)) {
       check_transport();
-      auto m = transport_->receive_until(std::min(deadline, join_heard_ + join_retry_interval()));
+      auto m = transport_->receive_until(std::min(deadline, next_join_retry()));
       if constexpr (DiagnosingTransport<Transport>) {
         // A link that cannot work (refused key, mismatched security) is said at
         // once: waiting out the time-out would not change it.
@@ -516,6 +516,12 @@ class OuterLoop {
   /// When the next heartbeat is due (a single-threaded driver wakes a waiting
   /// learner then, so that it calls poll()).
   [[nodiscard]] TimePoint next_heartbeat() const noexcept { return last_send_ + config_.heartbeat_interval; }
+
+  /// While joining (begin_join() until poll_join() returns true): when the
+  /// request goes out again if nothing more of the state arrives (a
+  /// single-threaded driver wakes a joining learner then, so that it calls
+  /// poll_join(): a lost request or reply is otherwise never retried).
+  [[nodiscard]] TimePoint next_join_retry() const noexcept { return join_heard_ + join_retry_interval(); }
 
   /// Lock-step mode only: true when the next step() would have to wait for a
   /// global fragment (a driver in virtual time uses this instead of blocking).
