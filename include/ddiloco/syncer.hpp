@@ -549,6 +549,7 @@ class Syncer {
       f.pulled.clear();
       f.answered.clear();
       f.owed.clear();  // pulls of before the restore: their answers are unsolicited (the learner is pulled again)
+      f.orphaned.clear();
       f.reasked.clear();
       f.version_steps.assign(1, {f.version, 0});
       f.previous.clear();  // the global step restarts at 0 (not saved)
@@ -795,6 +796,12 @@ class Syncer {
     /// At most one entry per known learner (start_pull drops forgotten ones).
     static constexpr std::uint8_t kOwedAnswers = 4;
     std::map<LearnerId, std::uint8_t> owed;
+    /// The answers its previous incarnation owed when a learner joined again
+    /// (on_join): a pull sent to the old one just before the join can reach
+    /// the new one, which answers it. Such an answer, with none owed, is
+    /// dropped as redundant (answers_redundant), not refused as unsolicited;
+    /// at most kOwedAnswers per learner, until its next join.
+    std::map<LearnerId, std::uint8_t> orphaned;
     /// The learners asked a second time (reask_missing(); Message::repeat):
     /// the slot of the round they were asked again in, and whether an answer
     /// from them has come since. Until the second of the two possible answers

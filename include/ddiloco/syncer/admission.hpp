@@ -208,6 +208,15 @@ auto Syncer<Rule, Opt, Weights, Wait>::admit(std::size_t p, FragmentState& f, Ch
     // `repeat` answers only an open second ask.
     const auto owed = f.owed.find(m.learner);
     const bool asked_twice = reask != f.reasked.end() && !reask->second.taken;
+    if (owed == f.owed.end() && !m.repeat) {
+      // (The answer to a pull its previous incarnation was sent: redundant, as on_join says.)
+      if (auto o = f.orphaned.find(m.learner); o != f.orphaned.end()) {
+        last = m.sequence;
+        if (--o->second == 0) f.orphaned.erase(o);
+        count_redundant(m);
+        return false;
+      }
+    }
     if (owed == f.owed.end() || (m.repeat && !asked_twice)) {
       last = m.sequence;  // refused: a replay of this one is a duplicate
       reject(RejectReason::unsolicited, m);

@@ -245,8 +245,16 @@ auto Syncer<Rule, Opt, Weights, Wait>::on_join(const Message& m, TimePoint now, 
         note_sent(l, p, f.version, p < l.step_base.size() ? l.step_base[p] : 0);
       }
     }
-    // A new incarnation will not answer its predecessor's pull: not waited for.
-    if (new_incarnation) f.owed.erase(m.learner);
+    // A new incarnation is not waited for on its predecessor's pulls; one of
+    // them that reaches it anyway is answered, and that answer is dropped (orphaned).
+    if (new_incarnation) {
+      if (auto o = f.owed.find(m.learner); o != f.owed.end()) {
+        f.orphaned[m.learner] = o->second;
+        f.owed.erase(o);
+      } else {
+        f.orphaned.erase(m.learner);
+      }
+    }
     if (new_incarnation && f.phase == FragmentState::Phase::pulling && !f.answered.contains(m.learner) &&
         f.pulled.erase(m.learner) != 0)
       rounds_to_decide.push_back(p);

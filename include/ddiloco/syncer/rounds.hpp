@@ -293,6 +293,7 @@ auto Syncer<Rule, Opt, Weights, Wait>::start_pull(std::size_t p, FragmentState& 
     std::unique_lock lock(members_mutex_);
     const auto forgotten = [&](const auto& kv) { return !learners_.contains(kv.first); };
     std::erase_if(f.owed, forgotten);
+    std::erase_if(f.orphaned, forgotten);
     std::erase_if(f.reasked, forgotten);
     for (const auto& [id, l] : learners_) {
       // (One whose late answer to the previous round is already in the accumulator is not asked again.)
