@@ -1584,6 +1584,29 @@ TEST_CASE("Pull rounds: an answer's steps are bounded by the learner's steps sin
   CHECK(st.contributions_accepted == 2);
 }
 
+namespace {
+/// Learners 1 and 2 (joined, 2 fragments, pull rounds) report steps 1 and 2: the first slot
+/// (t = 1) pulls learner 1 alone (learner 2 has not reported yet), the second (t = 2) both.
+/// Returns (p, q): the fragment pulled from both, and the one pulled from learner 1 alone.
+std::pair<std::size_t, std::size_t> pull_two_learners(Rig& r, Syncer<>& s) {
+  std::map<std::size_t, std::vector<LearnerId>> pulled;
+  for (std::uint64_t step = 1; step <= 2; ++step)
+    for (LearnerId id : {LearnerId{1}, LearnerId{2}}) {
+      r.out.clear();
+      r.clock.advance(1ms);
+      s.handle(test::metadata_message(r.plan, id, step), r.out);
+      for (const auto& o : r.out)
+        if (o.message.type == MessageType::pull) pulled[o.message.fragment].push_back(o.message.learner);
+    }
+  REQUIRE(pulled.size() == 2);
+  const std::size_t p = pulled.begin()->second.size() == 2 ? pulled.begin()->first : pulled.rbegin()->first;
+  const std::size_t q = 1 - p;
+  REQUIRE(pulled[p].size() == 2);
+  REQUIRE(pulled[q] == std::vector<LearnerId>{1});
+  return {p, q};
+}
+}  // namespace
+
 TEST_CASE("Pull rounds: a contribution that answers no pull is refused as unsolicited, and a pull takes one "
           "answer, so a flood cannot stack contributions in a round",
           "[syncer][pull]") {
@@ -1597,22 +1620,7 @@ TEST_CASE("Pull rounds: a contribution that answers no pull is refused as unsoli
     Syncer<> s(r.plan, r.init, r.clock, r.config);
     r.join(s, 1);
     r.join(s, 2);
-    // Metadata of both at steps 1 and 2: the first slot (t = 1) pulls learner 1 alone (learner 2
-    // has not reported yet), the second (t = 2) both.
-    std::map<std::size_t, std::vector<LearnerId>> pulled;
-    for (std::uint64_t step = 1; step <= 2; ++step)
-      for (LearnerId id : {LearnerId{1}, LearnerId{2}}) {
-        r.out.clear();
-        r.clock.advance(1ms);
-        s.handle(test::metadata_message(r.plan, id, step), r.out);
-        for (const auto& o : r.out)
-          if (o.message.type == MessageType::pull) pulled[o.message.fragment].push_back(o.message.learner);
-      }
-    REQUIRE(pulled.size() == 2);
-    const std::size_t p = pulled.begin()->second.size() == 2 ? pulled.begin()->first : pulled.rbegin()->first;
-    const std::size_t q = 1 - p;
-    REQUIRE(pulled[p].size() == 2);
-    REQUIRE(pulled[q] == std::vector<LearnerId>{1});
+    const auto [p, q] = pull_two_learners(r, s);
     const auto rejected = [&](RejectReason why) { return s.status().rejected[static_cast<std::size_t>(why)]; };
     if (flood) {  // learner 2 was not pulled for fragment q: refused, touching nothing
       r.steps_so_far[2] = 0;
@@ -1657,18 +1665,7 @@ TEST_CASE("Pull rounds: a pull sent to a learner just before it joined again is 
   Syncer<> s(r.plan, r.init, r.clock, r.config);
   r.join(s, 1);
   r.join(s, 2);
-  std::map<std::size_t, std::vector<LearnerId>> pulled;
-  for (std::uint64_t step = 1; step <= 2; ++step)
-    for (LearnerId id : {LearnerId{1}, LearnerId{2}}) {
-      r.out.clear();
-      r.clock.advance(1ms);
-      s.handle(test::metadata_message(r.plan, id, step), r.out);
-      for (const auto& o : r.out)
-        if (o.message.type == MessageType::pull) pulled[o.message.fragment].push_back(o.message.learner);
-    }
-  REQUIRE(pulled.size() == 2);
-  const std::size_t p = pulled.begin()->second.size() == 2 ? pulled.begin()->first : pulled.rbegin()->first;
-  REQUIRE(pulled[p].size() == 2);
+  const std::size_t p = pull_two_learners(r, s).first;
   // Learner 1 restarts before it answers: a new incarnation (a new nonce) with a new sequence base.
   r.out.clear();
   r.join(s, 1);
