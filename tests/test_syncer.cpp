@@ -1585,26 +1585,38 @@ TEST_CASE("Pull rounds: an answer's steps are bounded by the learner's steps sin
 }
 
 namespace {
-/// Learners 1 and 2 (joined, 2 fragments, pull rounds) report steps 1 and 2: the first slot
-/// (t = 1) pulls learner 1 alone (learner 2 has not reported yet), the second (t = 2) both.
-/// Returns (p, q): the fragment pulled from both, and the one pulled from learner 1 alone.
-std::pair<std::size_t, std::size_t> pull_two_learners(Rig& r, Syncer<>& s) {
-  std::map<std::size_t, std::vector<LearnerId>> pulled;
-  for (std::uint64_t step = 1; step <= 2; ++step)
-    for (LearnerId id : {LearnerId{1}, LearnerId{2}}) {
-      r.out.clear();
-      r.clock.advance(1ms);
-      s.handle(test::metadata_message(r.plan, id, step), r.out);
-      for (const auto& o : r.out)
-        if (o.message.type == MessageType::pull) pulled[o.message.fragment].push_back(o.message.learner);
-    }
-  REQUIRE(pulled.size() == 2);
-  const std::size_t p = pulled.begin()->second.size() == 2 ? pulled.begin()->first : pulled.rbegin()->first;
-  const std::size_t q = 1 - p;
-  REQUIRE(pulled[p].size() == 2);
-  REQUIRE(pulled[q] == std::vector<LearnerId>{1});
-  return {p, q};
-}
+/// Learners 1 and 2 joined to a pull-round syncer (2 fragments, pull time-out 10 s), then their
+/// metadata of steps 1 and 2: the first slot (t = 1) pulls learner 1 alone (learner 2 has not
+/// reported yet), the second (t = 2) both. p: the fragment pulled from both; q: the other one.
+struct TwoPulled {
+  Rig r;
+  Syncer<> s;
+  std::size_t p = 0, q = 0;
+
+  TwoPulled() : s(r.plan, r.init, r.clock, config(r)) {
+    r.join(s, 1);
+    r.join(s, 2);
+    std::map<std::size_t, std::vector<LearnerId>> pulled;
+    for (std::uint64_t step = 1; step <= 2; ++step)
+      for (LearnerId id : {LearnerId{1}, LearnerId{2}}) {
+        r.out.clear();
+        r.clock.advance(1ms);
+        s.handle(test::metadata_message(r.plan, id, step), r.out);
+        for (const auto& o : r.out)
+          if (o.message.type == MessageType::pull) pulled[o.message.fragment].push_back(o.message.learner);
+      }
+    REQUIRE(pulled.size() == 2);
+    p = pulled.begin()->second.size() == 2 ? pulled.begin()->first : pulled.rbegin()->first;
+    q = 1 - p;
+    REQUIRE(pulled[p].size() == 2);
+    REQUIRE(pulled[q] == std::vector<LearnerId>{1});
+  }
+  static SyncerConfig config(Rig& r) {
+    pull_rounds(r.config, 2);
+    r.config.pull_timeout = 10s;
+    return r.config;
+  }
+};
 }  // namespace
 
 TEST_CASE("Pull rounds: a contribution that answers no pull is refused as unsolicited, and a pull takes one "
@@ -1614,13 +1626,8 @@ TEST_CASE("Pull rounds: a contribution that answers no pull is refused as unsoli
   // second run learner 2 also sends a fragment it was not pulled for, and learner 1 a second
   // answer and a replay of its first.
   const auto run = [](bool flood) {
-    Rig r;
-    pull_rounds(r.config, 2);
-    r.config.pull_timeout = 10s;
-    Syncer<> s(r.plan, r.init, r.clock, r.config);
-    r.join(s, 1);
-    r.join(s, 2);
-    const auto [p, q] = pull_two_learners(r, s);
+    TwoPulled two;
+    auto& [r, s, p, q] = two;
     const auto rejected = [&](RejectReason why) { return s.status().rejected[static_cast<std::size_t>(why)]; };
     if (flood) {  // learner 2 was not pulled for fragment q: refused, touching nothing
       r.steps_so_far[2] = 0;
@@ -1659,13 +1666,8 @@ TEST_CASE("Pull rounds: a pull sent to a learner just before it joined again is 
   // Found by a seed sweep of the virtual-time cluster (a killed learner back 20 ms later, 5% of
   // messages lost, duplicated or reordered): in 11 of 3000 seeds the pull went out to the old
   // incarnation, whose id the new one has, and the new one's first answer was `unsolicited`.
-  Rig r;
-  pull_rounds(r.config, 2);
-  r.config.pull_timeout = 10s;
-  Syncer<> s(r.plan, r.init, r.clock, r.config);
-  r.join(s, 1);
-  r.join(s, 2);
-  const std::size_t p = pull_two_learners(r, s).first;
+  TwoPulled two;
+  auto& [r, s, p, q] = two;
   // Learner 1 restarts before it answers: a new incarnation (a new nonce) with a new sequence base.
   r.out.clear();
   r.join(s, 1);
