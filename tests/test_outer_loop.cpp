@@ -1637,12 +1637,7 @@ TEST_CASE("Pull rounds: a second answer still unsent when the next round's pull 
     r.pump();  // global step 2: fragment 1's round pulls learner 1
   }
   REQUIRE(r.syncer.status().pulls_sent == 1);
-  const auto answers_in = [](std::vector<Message> got) {
-    std::vector<Message> c;
-    for (auto& m : got)
-      if (m.type == MessageType::contribution) c.push_back(std::move(m));
-    return c;
-  };
+  const auto answers_in = [](const std::vector<Message>& got) { return of_type(got, MessageType::contribution); };
   inner_step(a), la.step(a, 16);  // step 3: the first answer and the step's metadata fill the mailbox
   CHECK(la.status().send_failures == 0);
   // The syncer asks again (the first answer had not reached it); the second answer is refused
