@@ -4,12 +4,11 @@
 // to that optimum, and the Decoupled DiLoCo configuration they start from.
 #pragma once
 
-#include <ddiloco/local_cluster.hpp>
-
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <ddiloco/local_cluster.hpp>
 #include <memory>
 #include <random>
 #include <span>

@@ -2,11 +2,11 @@
 // syncer in one process, under seeded fault tapes, in virtual time (one
 // thread, deterministic) and as real threads.
 // DDILOCO_TEST_LABEL(threaded)
-#include "cluster_test_util.hpp"
-
 #include <ddiloco/local_cluster.hpp>
 
 #include <catch2/catch.hpp>
+
+#include "cluster_test_util.hpp"
 
 #include <cstdio>
 
