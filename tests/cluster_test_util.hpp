@@ -105,6 +105,20 @@ inline ClusterConfig pulled(ClusterConfig c) {
   return c;
 }
 
+/// The chaos tests' network: 1 ms latency, 5% of messages lost, 10%
+/// duplicated, 10% delayed by up to 15 ms more (reordered); loss and
+/// duplicates can be left out.
+inline MessageFaults chaos_network(bool loss = true, bool duplicates = true) {
+  using namespace std::chrono_literals;
+  MessageFaults f;
+  f.drop = loss ? 0.05 : 0.0;
+  f.latency = 1ms;
+  f.duplicate = duplicates ? 0.1 : 0.0;
+  f.reorder = 0.1;
+  f.reorder_max = 15ms;
+  return f;
+}
+
 /// A trainer factory for M base learners of the quadratic task.
 inline auto factory(std::size_t M) {
   return [M](LearnerId id, std::uint64_t inc) { return std::make_unique<QuadraticTrainer>(id, inc, M); };

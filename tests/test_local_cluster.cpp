@@ -306,13 +306,7 @@ TEST_CASE("Pull rounds under loss, duplicates and reordering with a learner kill
   // unsolicited (11 seeds of 3000 before answers to orphaned pulls were dropped as redundant, 0 after).
   ClusterConfig c = pulled(decoupled(4));
   c.tape = FaultTape(117);
-  MessageFaults f;
-  f.drop = 0.05;
-  f.latency = 1ms;
-  f.duplicate = 0.1;
-  f.reorder = 0.1;
-  f.reorder_max = 15ms;
-  c.tape.set_message_faults(f);
+  c.tape.set_message_faults(chaos_network());
   c.tape.add(Kill{1, 57, Downtime{std::nullopt, 20ms}});
   c.tape.add(Kill{2, 137, Downtime{std::nullopt, 300ms}});
   const auto r = Cluster(quad_plan(2), c, factory(4)).run_virtual();
