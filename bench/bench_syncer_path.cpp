@@ -23,9 +23,12 @@
 #include <ddiloco/message.hpp>
 #include <ddiloco/syncer.hpp>
 #include <ddiloco/wire.hpp>
+#include <ddiloco/detail/checksum.hpp>
+#include <ddiloco/fast/kernels.hpp>
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -120,6 +123,105 @@ void BM_SyncerRoundFromFrames(benchmark::State& state) {
                           static_cast<std::int64_t>(payload));
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * m_learners * static_cast<std::int64_t>(n));
 }
+
+// The bound of a design this path does not have (docs/performance.md, "Where
+// the 2^22 fp32 cell stands"): learners send each tensor's norm with the
+// contribution, so the syncer can fold a piece of every contribution while the
+// piece is in L2, checking the checksum and the norm in the same visit. The
+// merge's end is Syncer::merge's: the fused step in place, then the publication
+// copy. Bytes: each contribution read once (32n for M = 8 fp32), the mean
+// written once (4n), the step (20n), the copy (8n): 64n against the product
+// path's 96n. Built from the library's own kernels (crc32c_update,
+// squared_norm, scale_into / axpy / axpy_store_sq, scaled_nesterov), without the
+// Syncer's bookkeeping, so it measures memory traffic and arithmetic only: what
+// the product path would take at best if that design were built. Levels:
+//   2  that design: checksum, norms, fold, step, publication copy (64n bytes);
+//   1  without the CRC-32C (a transport whose MAC covers the bytes, CURVE,
+//      would make it redundant);
+//   0  the PyTorch peer's work in these kernels: a weighted average (no norms,
+//      no checksum) and the step, no copy (56n bytes): how fast the kernels are
+//      at the peer's own job, which separates the kernels from the design.
+void BM_OnePassBound(benchmark::State& state) {
+  const std::size_t n = std::size_t{1} << state.range(0);
+  const auto m_learners = static_cast<std::size_t>(state.range(1));
+  const auto level = state.range(2);  // 0: the peer's work, 1: + norms and the copy, 2: + the checksum
+  const bool checksum = level >= 2, rda = level >= 1;
+  const auto layout = bench::make_layout(n);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1e-3f);
+  std::vector<std::vector<std::byte>> payloads(m_learners, std::vector<std::byte>(4 * n));
+  std::vector<std::uint32_t> sent_crc(m_learners);
+  std::vector<std::vector<double>> sent_sq(m_learners, std::vector<double>(layout.size()));
+  std::vector<std::vector<float>> coef(m_learners, std::vector<float>(layout.size()));
+  for (std::size_t m = 0; m < m_learners; ++m) {
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(rng);
+    encode(Codec::fp32, v, payloads[m]);
+    sent_crc[m] = detail::crc32c(payloads[m]);
+    for (std::size_t t = 0; t < layout.size(); ++t) {
+      sent_sq[m][t] = fast::squared_norm(v.data() + layout[t].offset, layout[t].size);
+      coef[m][t] = static_cast<float>(1.0 / (static_cast<double>(m_learners) * std::sqrt(sent_sq[m][t])));
+    }
+  }
+  std::vector<float> mean(n), theta(n, 0.5f), momentum(n, 0.0f), published(n);
+  std::vector<std::uint32_t> crc(m_learners);
+  std::vector<std::vector<double>> sq(m_learners, std::vector<double>(layout.size()));
+  std::vector<double> mean_sq(layout.size());
+  for (auto _ : state) {
+    std::fill(crc.begin(), crc.end(), 0xFFFFFFFFU);
+    for (auto& s : sq) std::fill(s.begin(), s.end(), 0.0);
+    std::fill(mean_sq.begin(), mean_sq.end(), 0.0);
+    for (std::size_t a = 0; a < n; a += fast::kCheckPiece) {
+      const std::size_t b = std::min(n, a + fast::kCheckPiece);
+      for (std::size_t m = 0; m < m_learners; ++m) {
+        if (checksum) crc[m] = detail::crc32c_update(crc[m], std::span(payloads[m]).subspan(4 * a, 4 * (b - a)));
+        const float* x = fast::fp32_in_place(Codec::fp32, payloads[m].data());
+        for (std::size_t t = 0; t < layout.size(); ++t) {
+          const std::size_t lo = std::max(a, layout[t].offset), hi = std::min(b, layout[t].offset + layout[t].size);
+          if (lo >= hi) continue;
+          if (rda) sq[m][t] += fast::squared_norm(x + lo, hi - lo);
+          if (m == 0) {
+            fast::scale_into(coef[m][t], x + lo, mean.data() + lo, hi - lo);
+          } else if (m + 1 < m_learners) {
+            fast::axpy(coef[m][t], x + lo, mean.data() + lo, hi - lo);
+          } else if (!rda) {
+            fast::axpy(coef[m][t], x + lo, mean.data() + lo, hi - lo);
+          } else {
+            mean_sq[t] += fast::axpy_store_sq(coef[m][t], x + lo, mean.data() + lo, mean.data() + lo, hi - lo);
+          }
+        }
+      }
+    }
+    for (std::size_t m = 0; m < m_learners; ++m) {
+      if ((checksum && (crc[m] ^ 0xFFFFFFFFU) != sent_crc[m]) || (rda && sq[m] != sent_sq[m])) {
+        state.SkipWithError("a checksum or a sent norm did not match");
+        return;
+      }
+    }
+    // The fused step in place, then the publication copy, as Syncer::merge does.
+    for (std::size_t t = 0; t < layout.size(); ++t) {
+      const auto& seg = layout[t];
+      const float c = rda ? static_cast<float>(1e-3 / std::sqrt(std::max(mean_sq[t], 1e-30))) : 1.0f;
+      fast::scaled_nesterov(c, 1.0f,
+                            mean.data() + seg.offset, 0.9f, 0.7f, theta.data() + seg.offset,
+                            momentum.data() + seg.offset, seg.size);
+    }
+    if (rda) std::copy(theta.begin(), theta.end(), published.begin());
+    benchmark::DoNotOptimize(published.data());
+    benchmark::DoNotOptimize(theta.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(m_learners) *
+                          static_cast<std::int64_t>(4 * n));
+}
+BENCHMARK(BM_OnePassBound)
+    ->ArgNames({"log2n", "M", "level"})
+    ->Args({22, 8, 2})
+    ->Args({24, 8, 2})
+    ->Args({22, 8, 1})
+    ->Args({24, 8, 1})
+    ->Args({22, 8, 0})
+    ->Args({24, 8, 0})
+    ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 
 void args(benchmark::internal::Benchmark* b) {
   b->Args({22, 8})->Args({24, 8})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
