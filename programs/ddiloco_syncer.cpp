@@ -250,7 +250,15 @@ int serve(const cli::Flags& f, Plan plan, std::vector<float> init, std::vector<C
     zc.security.own = read_key_file(f.str("keys"));
     zc.security.allowed = read_allow_list(f.str("allow"));
   }
+  zc.payload_crc_under_curve = f.flag("payload-crc");
   ZmqSyncerTransport link(zc, clock);
+  if (zc.keep_contributions_encoded) {
+    std::printf("syncer: contribution payloads: %s\n",
+                link.payload_checks_in_use() == PayloadChecks::authenticated
+                    ? "codes and norms checked, CRC-32C not compared (CURVE authenticates every byte; "
+                      "--payload-crc to compare it too)"
+                    : "codes, norms and CRC-32C checked");
+  }
   std::printf("syncer: serving %zu tensors in %zu fragments (fingerprint %016llx) on %s, K = %zu, merged "
               "fragments to %s, %s rounds (H = %zu, tau = %zu)\n",
               plan.num_tensors(), plan.num_fragments(), static_cast<unsigned long long>(plan.fingerprint()),
@@ -400,6 +408,10 @@ int main(int argc, char** argv) try {
   f.add("keys", "", "syncer key file (from ddiloco_keygen)");
   f.add("allow", "", "allow-list file: `<learner-id> <public-key>` per line");
   f.add("plaintext", "false", "run WITHOUT encryption or authentication (explicit choice)", true);
+  f.add("payload-crc", "false",
+        "compare each contribution's payload CRC-32C under CURVE too (by default only without CURVE: its "
+        "MAC already authenticates every byte, and the CRC costs about a third of an fp32 merge)",
+        true);
   f.add("observe-interval-ms", "1000",
         "observers (ddiloco_learner --observe) get the global state at most once per this interval each");
   f.add("observe-burst", "4", "... and all observers together at most this many times per interval");

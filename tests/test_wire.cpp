@@ -442,6 +442,38 @@ TEST_CASE("decode_frame_keep_encoded leaves a contribution's payload encoded in 
   CHECK(r.value().payload->size() == 40);
 }
 
+TEST_CASE("decode_frame_keep_encoded with authenticated payload checks compares no payload checksum, hands none on "
+          "and still checks the header",
+          "[wire]") {
+  for (const Codec codec : ddiloco::all_codecs) {
+    CAPTURE(ddiloco::to_string(codec));
+    const Message m = sample(MessageType::contribution, 302);
+    auto frame = std::make_shared<Bytes>(ddiloco::encode_frame(m, codec));
+    // The frame's payload CRC field made wrong (the header's own checksum
+    // rewritten to match): now refuses it, authenticated does not look.
+    namespace o = ddiloco::detail::frame_offset;
+    std::byte* p = frame->data();
+    ddiloco::detail::store_u32(p + o::payload_crc, ddiloco::detail::load_u32(p + o::payload_crc) ^ 0x1234U);
+    ddiloco::detail::store_u32(p + o::header_crc,
+                               ddiloco::detail::crc32c(std::span<const std::byte>(p, o::header_crc)));
+    const auto now = ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame);
+    REQUIRE_FALSE(now.ok());
+    CHECK(now.error() == WireError::payload_checksum);
+    const auto mac = ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame,
+                                                        ddiloco::PayloadChecks::authenticated);
+    REQUIRE(mac.ok());
+    REQUIRE(mac.value().encoded.has_value());
+    CHECK_FALSE(mac.value().encoded->unchecked_crc.has_value());  // nothing left for the syncer to compare
+    CHECK(mac.value().encoded->bytes.data() == frame->data() + ddiloco::kFrameHeaderSize);
+    // The header is still checked.
+    (*frame)[ddiloco::detail::frame_offset::learner] ^= std::byte{0x01};
+    const auto bad_header = ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame,
+                                                               ddiloco::PayloadChecks::authenticated);
+    REQUIRE_FALSE(bad_header.ok());
+    CHECK(bad_header.error() == WireError::header_checksum);
+  }
+}
+
 TEST_CASE("decode_frame_keep_encoded with deferred payload checks hands the frame's checksum on and still checks "
           "the header",
           "[wire]") {

@@ -397,6 +397,66 @@ TEST_CASE("With keep_contributions_encoded the syncer receives a contribution as
   CHECK_FALSE(join->encoded.has_value());
 }
 
+TEST_CASE("Under CURVE the syncer leaves no payload checksum to compare (the MAC covers every byte); in plaintext, "
+          "or with payload_crc_under_curve, the sender's checksum is handed on",
+          "[zmq]") {
+  const CurveKeys server = generate_curve_keys(), client = generate_curve_keys();
+  std::vector<float> v(300);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.11f * static_cast<float>(i));
+  auto received = [&](bool curve, bool crc_under_curve) {
+    ZmqSyncerConfig sc = plain_syncer();
+    if (curve) {
+      sc.security = ZmqSecurity{};
+      sc.security.own = server;
+      sc.security.allowed = {{4, client.public_key}};
+    }
+    sc.keep_contributions_encoded = true;
+    sc.payload_crc_under_curve = crc_under_curve;
+    ZmqSyncerTransport syncer(sc, steady);
+    const PayloadChecks in_use = syncer.payload_checks_in_use();
+    ZmqLearnerConfig lc = plain_learner(syncer.endpoint(), 4);
+    if (curve) {
+      lc.security = ZmqSecurity{};
+      lc.security.own = client;
+      lc.security.server_public_key = server.public_key;
+    }
+    lc.codec = Codec::int4;
+    ZmqLearnerTransport learner(lc, steady);
+    Message m;
+    m.type = MessageType::contribution;
+    m.fingerprint = 7;
+    m.learner = 4;
+    m.steps = 2;
+    m.tokens = 20;
+    m.sequence = 3;
+    m.payload = make_payload(v);
+    REQUIRE(learner.send(std::move(m)));
+    auto got = syncer.receive_until(steady.now() + 10s);
+    REQUIRE(got.has_value());
+    REQUIRE(got->encoded.has_value());
+    CHECK(std::equal(got->encoded->bytes.begin(), got->encoded->bytes.end(), encode(Codec::int4, v).begin()));
+    return std::pair{in_use, got->encoded->unchecked_crc};
+  };
+  const auto [mac, mac_crc] = received(true, false);
+  CHECK(mac == PayloadChecks::authenticated);
+  CHECK_FALSE(mac_crc.has_value());
+  const auto [plain, plain_crc] = received(false, false);
+  CHECK(plain == PayloadChecks::deferred);
+  REQUIRE(plain_crc.has_value());
+  CHECK(*plain_crc == ddiloco::detail::crc32c(encode(Codec::int4, v)));
+  const auto [asked, asked_crc] = received(true, true);
+  CHECK(asked == PayloadChecks::deferred);
+  CHECK(asked_crc == plain_crc);
+  // `now` (a consumer other than the Syncer) is never relaxed.
+  ZmqSyncerConfig checked = plain_syncer();
+  checked.security = ZmqSecurity{};
+  checked.security.own = server;
+  checked.security.allowed = {{4, client.public_key}};
+  checked.keep_contributions_encoded = true;
+  checked.payload_checks = PayloadChecks::now;
+  CHECK(ZmqSyncerTransport(checked, steady).payload_checks_in_use() == PayloadChecks::now);
+}
+
 TEST_CASE("A contribution encoded into the lent frame buffer arrives intact, and sent frames' buffers are reused",
           "[zmq]") {
   // 2^19 int4 elements: a 288 KiB payload; fp32: 2 MiB, above FramePool::kMinPooled.

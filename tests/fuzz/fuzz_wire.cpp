@@ -44,6 +44,16 @@ void decode_and_check(std::span<const std::byte> frame) {
     check(ddiloco::detail::try_decode(e.codec, e.bytes, values));
     check(std::memcmp(values.data(), r.value().payload->data(), r.value().payload_bytes()) == 0);
   }
+  // Under CURVE (PayloadChecks::authenticated) the payload is not checked
+  // here: every frame the checked path takes is taken, any other is refused
+  // for the checked path's own reason, and no checksum is left to compare.
+  const auto mac = ddiloco::decode_frame_keep_encoded(frame, kLimits, nullptr, ddiloco::PayloadChecks::authenticated);
+  if (kept.ok()) check(mac.ok());
+  if (!mac.ok()) check(!kept.ok() && kept.error() == mac.error());
+  if (mac.ok() && mac.value().encoded) {
+    const auto& e = *mac.value().encoded;
+    check(!e.unchecked_crc.has_value() && e.bytes.data() == frame.data() + ddiloco::kFrameHeaderSize);
+  }
   if (!r.ok()) {
     // Only payload contents are checked beyond what the view checks.
     check(r.error() == ddiloco::WireError::bad_payload ? view.ok() : (!view.ok() && view.error() == r.error()));
