@@ -42,7 +42,10 @@ namespace {
 
 using namespace ddiloco;
 
-enum class Path { decoded, encoded_checked_on_receive, encoded };
+// encoded: ddiloco_syncer without CURVE (the syncer compares the payload CRC in
+// its norm scan); encoded_authenticated: with CURVE (the MAC covers the bytes,
+// no CRC compared); encoded_checked_on_receive and decoded: earlier designs.
+enum class Path { decoded, encoded_checked_on_receive, encoded, encoded_authenticated };
 
 template <Codec C, Path P>
 void BM_SyncerRoundFromFrames(benchmark::State& state) {
@@ -95,10 +98,11 @@ void BM_SyncerRoundFromFrames(benchmark::State& state) {
   for (auto _ : state) {
     batch.clear();
     for (LearnerId id = 0; id < m_learners; ++id) {
+      const PayloadChecks checks = P == Path::encoded                 ? PayloadChecks::deferred
+                                   : P == Path::encoded_authenticated ? PayloadChecks::authenticated
+                                                                      : PayloadChecks::now;
       DecodeResult r = P == Path::decoded ? decode_frame(*frames[id], limits)
-                                          : decode_frame_keep_encoded(*frames[id], limits, frames[id],
-                                                                      P == Path::encoded ? PayloadChecks::deferred
-                                                                                         : PayloadChecks::now);
+                                          : decode_frame_keep_encoded(*frames[id], limits, frames[id], checks);
       if (!r.ok()) {
         state.SkipWithError("a frame failed to decode");
         return;
@@ -237,6 +241,12 @@ BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int4, Path::decoded)->Name("
 BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::encoded)->Name("BM_SyncerRoundFromFrames<fp32>/encoded")->Apply(args);
 BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::encoded_checked_on_receive)
     ->Name("BM_SyncerRoundFromFrames<fp32>/encoded_checked_on_receive")
+    ->Apply(args);
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::encoded_authenticated)
+    ->Name("BM_SyncerRoundFromFrames<fp32>/authenticated")
+    ->Apply(args);
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int4, Path::encoded_authenticated)
+    ->Name("BM_SyncerRoundFromFrames<int4>/authenticated")
     ->Apply(args);
 BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::decoded)->Name("BM_SyncerRoundFromFrames<fp32>/decoded")->Apply(args);
 // The other codecs on the product path (sim/capacity.hpp's SyncerCosts quotes every codec's fold rate).

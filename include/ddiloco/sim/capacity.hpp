@@ -58,7 +58,9 @@ struct SyncerCosts {
   /// Contribution elements folded per second by one merge thread, by codec
   /// (index: Codec), M = 8, the smaller of the 2^22- and 2^24-element rates of
   /// bench_syncer_path BM_SyncerRoundFromFrames<codec>/encoded (checksum, norm
-  /// scan, add_batch, outer step, publication).
+  /// scan, add_batch, outer step, publication). That is the plaintext path;
+  /// under CURVE the checksum is not compared and the fold is 1.1x (int4) to
+  /// 1.5x (fp32) faster (docs/performance.md), so these rates size conservatively.
   double fold_elements_per_s[5] = {0.731e9, 0.714e9, 0.434e9, 1.11e9, 1.12e9};
   /// Global elements framed per second per receiver by the merging thread, by
   /// the global codec (bench_transport BM_syncer_send_merged: 2^24 elements
