@@ -442,40 +442,8 @@ TEST_CASE("decode_frame_keep_encoded leaves a contribution's payload encoded in 
   CHECK(r.value().payload->size() == 40);
 }
 
-TEST_CASE("decode_frame_keep_encoded with authenticated payload checks compares no payload checksum, hands none on "
-          "and still checks the header",
-          "[wire]") {
-  for (const Codec codec : ddiloco::all_codecs) {
-    CAPTURE(ddiloco::to_string(codec));
-    const Message m = sample(MessageType::contribution, 302);
-    auto frame = std::make_shared<Bytes>(ddiloco::encode_frame(m, codec));
-    // The frame's payload CRC field made wrong (the header's own checksum
-    // rewritten to match): now refuses it, authenticated does not look.
-    namespace o = ddiloco::detail::frame_offset;
-    std::byte* p = frame->data();
-    ddiloco::detail::store_u32(p + o::payload_crc, ddiloco::detail::load_u32(p + o::payload_crc) ^ 0x1234U);
-    ddiloco::detail::store_u32(p + o::header_crc,
-                               ddiloco::detail::crc32c(std::span<const std::byte>(p, o::header_crc)));
-    const auto now = ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame);
-    REQUIRE_FALSE(now.ok());
-    CHECK(now.error() == WireError::payload_checksum);
-    const auto mac = ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame,
-                                                        ddiloco::PayloadChecks::authenticated);
-    REQUIRE(mac.ok());
-    REQUIRE(mac.value().encoded.has_value());
-    CHECK_FALSE(mac.value().encoded->unchecked_crc.has_value());  // nothing left for the syncer to compare
-    CHECK(mac.value().encoded->bytes.data() == frame->data() + ddiloco::kFrameHeaderSize);
-    // The header is still checked.
-    (*frame)[ddiloco::detail::frame_offset::learner] ^= std::byte{0x01};
-    const auto bad_header = ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame,
-                                                               ddiloco::PayloadChecks::authenticated);
-    REQUIRE_FALSE(bad_header.ok());
-    CHECK(bad_header.error() == WireError::header_checksum);
-  }
-}
-
-TEST_CASE("decode_frame_keep_encoded with deferred payload checks hands the frame's checksum on and still checks "
-          "the header",
+TEST_CASE("decode_frame_keep_encoded with deferred payload checks hands the frame's checksum on, with "
+          "authenticated compares and hands on none, and either way still checks the header",
           "[wire]") {
   for (const Codec codec : ddiloco::all_codecs) {
     CAPTURE(ddiloco::to_string(codec));
@@ -504,6 +472,27 @@ TEST_CASE("decode_frame_keep_encoded with deferred payload checks hands the fram
         ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame, ddiloco::PayloadChecks::deferred);
     REQUIRE_FALSE(bad_header.ok());
     CHECK(bad_header.error() == WireError::header_checksum);
+    CHECK(ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame, ddiloco::PayloadChecks::authenticated)
+              .error() == WireError::header_checksum);
+
+    // Under CURVE (authenticated): the frame's payload CRC field made wrong,
+    // the header's own checksum rewritten to match; now refuses the frame,
+    // authenticated does not look, and leaves nothing for the syncer to compare.
+    frame = std::make_shared<Bytes>(ddiloco::encode_frame(m, codec));
+    namespace o = ddiloco::detail::frame_offset;
+    std::byte* p = frame->data();
+    ddiloco::detail::store_u32(p + o::payload_crc, ddiloco::detail::load_u32(p + o::payload_crc) ^ 0x1234U);
+    ddiloco::detail::store_u32(p + o::header_crc,
+                               ddiloco::detail::crc32c(std::span<const std::byte>(p, o::header_crc)));
+    const auto refused = ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.error() == WireError::payload_checksum);
+    const auto mac =
+        ddiloco::decode_frame_keep_encoded(*frame, DecodeLimits{}, frame, ddiloco::PayloadChecks::authenticated);
+    REQUIRE(mac.ok());
+    REQUIRE(mac.value().encoded.has_value());
+    CHECK_FALSE(mac.value().encoded->unchecked_crc.has_value());
+    CHECK(mac.value().encoded->bytes.data() == frame->data() + ddiloco::kFrameHeaderSize);
   }
 }
 

@@ -65,6 +65,19 @@ ZmqSyncerConfig plain_syncer() {
   return c;
 }
 
+/// A contribution of learner `id` carrying `v` (fingerprint 7, 3 steps, 30 tokens, sequence 5).
+Message contribution_carrying(LearnerId id, std::vector<float> v) {
+  Message m;
+  m.type = MessageType::contribution;
+  m.fingerprint = 7;
+  m.learner = id;
+  m.steps = 3;
+  m.tokens = 30;
+  m.sequence = 5;
+  m.payload = make_payload(std::move(v));
+  return m;
+}
+
 ZmqLearnerConfig plain_learner(const std::string& endpoint, LearnerId id) {
   ZmqLearnerConfig c;
   c.connect = endpoint;
@@ -343,15 +356,7 @@ TEST_CASE("Contributions are sent with the configured codec and decoded into fp3
   ZmqLearnerTransport learner(cfg, steady);
   std::vector<float> v(1000);
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<float>(i));
-  Message m;
-  m.type = MessageType::contribution;
-  m.fingerprint = 7;
-  m.learner = 1;
-  m.steps = 3;
-  m.tokens = 30;
-  m.sequence = 5;
-  m.payload = make_payload(v);
-  REQUIRE(learner.send(std::move(m)));
+  REQUIRE(learner.send(contribution_carrying(1, v)));
   auto got = syncer.receive_until(steady.now() + 10s);
   REQUIRE(got.has_value());
   REQUIRE(got->payload_size() == v.size());
@@ -371,15 +376,7 @@ TEST_CASE("With keep_contributions_encoded the syncer receives a contribution as
   ZmqLearnerTransport learner(cfg, steady);
   std::vector<float> v(777);
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::cos(0.37f * static_cast<float>(i));
-  Message m;
-  m.type = MessageType::contribution;
-  m.fingerprint = 7;
-  m.learner = 2;
-  m.steps = 3;
-  m.tokens = 30;
-  m.sequence = 5;
-  m.payload = make_payload(v);
-  REQUIRE(learner.send(std::move(m)));
+  REQUIRE(learner.send(contribution_carrying(2, v)));
   REQUIRE(learner.send(join_message(2)));  // control messages are decoded as before
   auto got = syncer.receive_until(steady.now() + 10s);
   REQUIRE(got.has_value());
@@ -422,15 +419,7 @@ TEST_CASE("Under CURVE the syncer leaves no payload checksum to compare (the MAC
     }
     lc.codec = Codec::int4;
     ZmqLearnerTransport learner(lc, steady);
-    Message m;
-    m.type = MessageType::contribution;
-    m.fingerprint = 7;
-    m.learner = 4;
-    m.steps = 2;
-    m.tokens = 20;
-    m.sequence = 3;
-    m.payload = make_payload(v);
-    REQUIRE(learner.send(std::move(m)));
+    REQUIRE(learner.send(contribution_carrying(4, v)));
     auto got = syncer.receive_until(steady.now() + 10s);
     REQUIRE(got.has_value());
     REQUIRE(got->encoded.has_value());
