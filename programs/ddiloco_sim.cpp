@@ -385,6 +385,11 @@ int cmd_size(const Args& a, const fs::path& out) {
   d.host_cores = count_option(a, "cores", 16);
   d.host_ram_gib = a.number("ram-gib", 128.0);
   d.headroom = a.number("headroom", 0.7);
+  const std::string security = a.text("security", "curve");
+  if (security != "curve" && security != "plaintext")
+    throw ddiloco::InvalidArgument("--security " + security +
+                                   ": expected curve (ddiloco_syncer's default) or plaintext (--plaintext)");
+  d.curve = security == "curve";
   // A fixed schedule instead of the candidates (what a running syncer was started with).
   if (a.options.count("fragments")) d.fragment_counts = {count_option(a, "fragments", 0)};
   if (a.options.count("sync-every")) d.sync_every = {count_option(a, "sync-every", 0)};
@@ -399,7 +404,7 @@ int cmd_size(const Args& a, const fs::path& out) {
   md << "### Deployment for " << stem << " (" << tensors.size() << " tensors, " << fixed(total / 1e9, 3)
      << "e9 values), M = " << d.learners << ", step " << d.step_s << " s, learner link " << d.link_gbps
      << " Gbit/s + " << d.latency_s << " s, " << ddiloco::to_string(d.codec) << " up, "
-     << ddiloco::to_string(d.global_codec) << " down\n\n"
+     << ddiloco::to_string(d.global_codec) << " down, " << (d.curve ? "CURVE" : "plaintext") << " links\n\n"
      << "Schedule: P = " << r.fragments << ", H = " << r.sync_every << ", tau = " << r.overlap
      << " (balanced-greedy, imbalance " << fixed(r.imbalance, 3) << "); peak link " << fixed(r.peak_gbps, 3)
      << " Gbit/s, mean " << fixed(r.mean_gbps, 3) << " Gbit/s; predicted compute utilisation "
@@ -432,7 +437,8 @@ int usage(std::ostream& os = std::cerr) {
                "       ddiloco_sim plan MODEL.txt... [--gbps G] [--latency S] [--step S] [--bits B] [--out DIR]\n"
                "       ddiloco_sim size MODEL [--learners M] [--step S] [--gbps G] [--latency S] [--codec C]\n"
                "                        [--global-codec C] [--nic-gbps G] [--cores N] [--ram-gib G] [--headroom F]\n"
-               "                        [--fragments P] [--sync-every H] [--overlap T] [--shards S] [--out DIR]\n"
+               "                        [--fragments P] [--sync-every H] [--overlap T] [--shards S]\n"
+               "                        [--security curve|plaintext] [--out DIR]\n"
                "       ddiloco_sim all [--out DIR] [--models DIR]    (DIR holds llama-1b.txt, gemma-2b.txt, moe-small.txt)\n"
                "       ddiloco_sim --version\n";
   return 2;

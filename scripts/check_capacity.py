@@ -151,7 +151,8 @@ def run(a, shards, baseline_rss):
         sim = subprocess.run([os.path.join(a.build, "programs", "ddiloco_sim"), "size", model,
                               "--learners", str(a.learners), "--step", "%.6f" % step, "--codec", a.codec,
                               "--global-codec", "fp32", "--fragments", str(a.tensors), "--sync-every",
-                              str(a.sync_every), "--overlap", "1", "--shards", str(shards), "--out", tmp],
+                              str(a.sync_every), "--overlap", "1", "--shards", str(shards), "--security", "plaintext",
+                              "--out", tmp],
                              capture_output=True, text=True)
         if sim.returncode not in (0, 3):
             raise SystemExit("check_capacity: ddiloco_sim size failed: " + sim.stderr)

@@ -8,7 +8,7 @@ sim=$1 models=$2 out=$3
 rm -rf "$out" && mkdir -p "$out"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-"$sim" size "$models/llama-1b.txt" --learners 8 --step 0.5 --gbps 1 --out "$out" > "$out/fits.txt" ||
+"$sim" size "$models/llama-1b.txt" --learners 8 --step 0.5 --gbps 1 --global-codec int8 --out "$out" > "$out/fits.txt" ||
   fail "a deployment that fits exited $?"
 grep -q "Schedule: P = " "$out/fits.txt" || fail "no schedule line"
 grep -Eq "Syncer: [0-9]+ shards? \(" "$out/fits.txt" || fail "no syncer line"
@@ -25,7 +25,19 @@ set -e
 [ "$rc" -eq 3 ] || fail "a deployment that cannot fit exited $rc, not 3"
 grep -q "DOES NOT FIT" "$out/nofit.txt" || fail "no DOES NOT FIT"
 
-for bad in "--learners 0:learners = 0" "--headroom 2:headroom = 2" "--codec int3:int3" "--cores 1.5:--cores 1.5"; do
+# CURVE (the default) moves fewer bytes per I/O thread than plaintext: the same
+# shards' I/O thread is busier under it.
+io_of() { grep "^| 0 | " "$1" | awk -F'|' '{print $8}'; }
+two=(size "$models/llama-1b.txt" --learners 8 --step 0.5 --global-codec int8 --shards 2 --out "$out")
+"$sim" "${two[@]}" > "$out/curve2.txt" || true  # exit 3 when the two shards do not fit: compared all the same
+"$sim" "${two[@]}" --security plaintext > "$out/plain2.txt" || true
+grep -q "CURVE links" "$out/curve2.txt" || fail "the default is not said to be CURVE"
+grep -q "plaintext links" "$out/plain2.txt" || fail "--security plaintext not said"
+c=$(io_of "$out/curve2.txt") p=$(io_of "$out/plain2.txt")
+[ -n "$c" ] && [ -n "$p" ] || fail "no shard table for the CURVE / plaintext comparison"
+awk -v c="$c" -v p="$p" 'BEGIN { exit !(c > p) }' || fail "the I/O thread under CURVE ($c) is not busier than in plaintext ($p)"
+for bad in "--learners 0:learners = 0" "--headroom 2:headroom = 2" "--codec int3:int3" "--cores 1.5:--cores 1.5" \
+           "--security tls:--security tls"; do
   flag=${bad%%:*} want=${bad#*:}
   set +e
   # shellcheck disable=SC2086

@@ -47,7 +47,11 @@ TEST_CASE("A shard's bytes, cores and memory are the formulas computed by hand",
   CHECK(one[0].bytes_out_per_s == Approx(4 * payload / 10.0));  // every merge to the M learners
   const double elems = 4.0 * 4 * kMi / 10.0;
   CHECK(one[0].merge_cores == Approx(elems / d.costs.fold_elements_per_s[0] + elems / d.costs.send_elements_per_s[0]));
-  CHECK(one[0].io_cores == Approx(2 * 4 * payload / 10.0 / d.costs.io_bytes_per_s));  // in + out on one thread
+  // In + out on one thread, at CURVE's rate (the default), or plaintext's.
+  CHECK(one[0].io_cores == Approx(2 * 4 * payload / 10.0 / d.costs.curve_io_bytes_per_s));
+  DeploymentSpec plain = d;
+  plain.curve = false;
+  CHECK(size_shards(plan, 1, 10, plain)[0].io_cores == Approx(2 * 4 * payload / 10.0 / d.costs.io_bytes_per_s));
   // Theta, momentum, mean, published, spare, 1 anchor; one merge in flight: M contributions, M global frames.
   CHECK(one[0].ram_steady_bytes == Approx(4.0 * 4 * kMi * 6 + 4 * (4.0 * kMi + 4.0 * kMi)));
   const auto b = ddiloco::syncer_buffer_bounds(plan);
@@ -99,7 +103,7 @@ TEST_CASE("size_deployment takes the fewest shards whose busiest one fits the ho
   CHECK(one.cores_per_shard == 2);
   // ZeroMQ's one I/O thread: 2 x 6.7 MB/s at 10 MB/s per core is 1.34 threads; two shards carry 0.67 each.
   DeploymentSpec io = d;
-  io.costs.io_bytes_per_s = 1e7;
+  io.costs.curve_io_bytes_per_s = 1e7;
   const auto io_bound = size_deployment(four_equal(), io);
   CHECK(io_bound.shards == 2);
   CHECK(io_bound.limited_by == "io thread");
@@ -156,4 +160,7 @@ TEST_CASE("size_deployment refuses a bad spec naming the field", "[sim][capacity
   d = small_spec();
   d.fragment_counts = {9};  // more fragments than tensors
   CHECK_THROWS_WITH(size_deployment(four_equal(), d), Catch::Contains("no (P, H, tau)"));
+  d = small_spec();
+  d.costs.curve_io_bytes_per_s = 0;
+  CHECK_THROWS_WITH(size_deployment(four_equal(), d), Catch::Contains("curve_io_bytes_per_s = 0"));
 }

@@ -12,7 +12,9 @@
 //   bytes out / s  = M E(global_codec, n_s) / R   (each merge to every learner)
 //   merge cores    = M n_s / R / fold_elements_per_s[codec]
 //                  + M n_s / R / send_elements_per_s[global_codec]   (framing the globals)
-//   I/O cores      = (bytes in + bytes out) / s / io_bytes_per_s: ZeroMQ's
+//   I/O cores      = (bytes in + bytes out) / s / io_bytes_per_s (plaintext)
+//                    or curve_io_bytes_per_s (CURVE, ddiloco_syncer's default:
+//                    the I/O thread encrypts and decrypts every byte): ZeroMQ's
 //                    one I/O thread, so it must stay <= headroom
 //   cores          = ceil(merge cores / headroom) + 1 (the I/O thread)
 //   RAM steady     = 4 n_s (5 + anchor_versions) bytes: Theta, momentum, the
@@ -69,6 +71,11 @@ struct SyncerCosts {
   /// Wire bytes one ZeroMQ I/O thread moves per second (bench_transport
   /// BM_zmq_plaintext_zero_copy, 16 MiB frames on loopback).
   double io_bytes_per_s = 1.85e9;
+  /// The same under CURVE, where the I/O thread also encrypts and decrypts
+  /// (bench_transport BM_zmq_curve, 16 MiB frames; measured on a 2 vCPU AMD
+  /// EPYC KVM guest on 2026-12-07, the lower of two runs' medians: 618 and
+  /// 649 MiB/s; plaintext on that host: 1.25-1.42 GiB/s copying, 2.9-3.8 zero-copy).
+  double curve_io_bytes_per_s = 0.648e9;
 };
 
 struct DeploymentSpec {
@@ -82,6 +89,9 @@ struct DeploymentSpec {
   std::size_t host_cores = 16;    ///< a shard host's cores
   double host_ram_gib = 128.0;    ///< a shard host's memory
   double headroom = 0.7;          ///< fraction of NIC, cores and RAM a shard may plan to use
+  /// The syncer's links use CURVE (ddiloco_syncer's default; false: --plaintext),
+  /// which sets the I/O thread's rate (SyncerCosts::curve_io_bytes_per_s).
+  bool curve = true;
   std::size_t anchor_versions = 1;  ///< SyncerConfig::anchor_versions (pull rounds)
   /// The smallest H (then tau, then imbalance) whose decoupled utilisation
   /// reaches this is chosen; when none does, the highest utilisation.
@@ -133,6 +143,8 @@ inline void check_spec(const DeploymentSpec& d) {
   for (const double r : d.costs.send_elements_per_s)
     if (!(r > 0) || !std::isfinite(r)) bad("costs.send_elements_per_s has ", r, "; every rate must be > 0");
   if (!(d.costs.io_bytes_per_s > 0)) bad("costs.io_bytes_per_s = ", d.costs.io_bytes_per_s, " must be > 0");
+  if (!(d.costs.curve_io_bytes_per_s > 0))
+    bad("costs.curve_io_bytes_per_s = ", d.costs.curve_io_bytes_per_s, " must be > 0");
 }
 
 inline double bits_per_value(Codec c) {
@@ -170,7 +182,8 @@ inline std::vector<ShardSizing> size_shards(const Plan& plan, std::size_t shards
     const double elems = m * static_cast<double>(z.elements) / period;
     z.merge_cores = elems / spec.costs.fold_elements_per_s[static_cast<std::size_t>(spec.codec)] +
                     elems / spec.costs.send_elements_per_s[static_cast<std::size_t>(spec.global_codec)];
-    z.io_cores = (z.bytes_in_per_s + z.bytes_out_per_s) / spec.costs.io_bytes_per_s;
+    z.io_cores = (z.bytes_in_per_s + z.bytes_out_per_s) /
+                 (spec.curve ? spec.costs.curve_io_bytes_per_s : spec.costs.io_bytes_per_s);
     const double n = static_cast<double>(z.elements);
     z.ram_steady_bytes = 4.0 * n * (5.0 + static_cast<double>(spec.anchor_versions)) +
                          m * static_cast<double>(encoded_size(spec.codec, largest) +
