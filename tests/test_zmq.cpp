@@ -400,7 +400,7 @@ TEST_CASE("Under CURVE the syncer leaves no payload checksum to compare (the MAC
   const CurveKeys server = generate_curve_keys(), client = generate_curve_keys();
   std::vector<float> v(300);
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.11f * static_cast<float>(i));
-  auto received = [&](bool curve, bool crc_under_curve) {
+  auto syncer_config = [&](bool curve) {
     ZmqSyncerConfig sc = plain_syncer();
     if (curve) {
       sc.security = ZmqSecurity{};
@@ -408,6 +408,10 @@ TEST_CASE("Under CURVE the syncer leaves no payload checksum to compare (the MAC
       sc.security.allowed = {{4, client.public_key}};
     }
     sc.keep_contributions_encoded = true;
+    return sc;
+  };
+  auto received = [&](bool curve, bool crc_under_curve) {
+    ZmqSyncerConfig sc = syncer_config(curve);
     sc.payload_crc_under_curve = crc_under_curve;
     ZmqSyncerTransport syncer(sc, steady);
     const PayloadChecks in_use = syncer.payload_checks_in_use();
@@ -437,11 +441,7 @@ TEST_CASE("Under CURVE the syncer leaves no payload checksum to compare (the MAC
   CHECK(asked == PayloadChecks::deferred);
   CHECK(asked_crc == plain_crc);
   // `now` (a consumer other than the Syncer) is never relaxed.
-  ZmqSyncerConfig checked = plain_syncer();
-  checked.security = ZmqSecurity{};
-  checked.security.own = server;
-  checked.security.allowed = {{4, client.public_key}};
-  checked.keep_contributions_encoded = true;
+  ZmqSyncerConfig checked = syncer_config(true);
   checked.payload_checks = PayloadChecks::now;
   CHECK(ZmqSyncerTransport(checked, steady).payload_checks_in_use() == PayloadChecks::now);
 }
