@@ -18,7 +18,10 @@ from .group import GroupLearner
 from .learner import Learner, OuterLoop, StepReport, outer_loop
 from .syncer import Syncer
 
+write_curve_keys = _core.write_curve_keys
+
 __all__ = [
     "Learner", "GroupLearner", "OuterLoop", "StepReport", "outer_loop", "Syncer", "sim", "default_embedding_rule",
+    "write_curve_keys",
     "Error", "InvalidArgument", "ShapeMismatch", "StateError", "ProtocolError", "TransportError",
 ]

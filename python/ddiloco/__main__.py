@@ -122,6 +122,9 @@ def syncer_parser(sub=None) -> argparse.ArgumentParser:
                    help="run WITHOUT encryption or authentication (explicit choice, trusted networks only)")
     s.add_argument("--keys", metavar="FILE", help="the syncer's key file (ddiloco_keygen): CURVE security")
     s.add_argument("--allow", metavar="FILE", help="allow-list file: `<learner-id> <public-key>` per line")
+    s.add_argument("--payload-crc", action="store_true",
+                   help="under CURVE, compare each contribution's payload CRC-32C too (by default CURVE's MAC, "
+                        "which covers every byte, is relied on)")
     s.add_argument("--workers", metavar="N", type=_count(1), default=2, help="merge worker threads")
     s.add_argument("--shard", metavar="I/S", type=_shard, default=(0, 1),
                    help="serve only shard I of S (from 0) of the fragments; run one syncer per shard and give "
@@ -216,6 +219,7 @@ def build_syncer(args, ddiloco):
     """The ddiloco.Syncer the parsed flags describe, not yet started, and a line naming the model."""
     import numpy as np
     common = dict(bind=args.bind, plaintext=args.plaintext, keys=args.keys, allow=args.allow,
+                  payload_crc=args.payload_crc,
                   fragments=args.fragments, overlap=args.overlap, quorum=args.quorum, grace_gamma=args.grace_gamma,
                   grace_cap=args.grace_cap_ms / 1e3, deadline=args.deadline_ms / 1e3,
                   max_staleness=args.max_staleness, heartbeat_timeout=args.heartbeat_timeout_ms / 1e3,
@@ -333,6 +337,10 @@ def serve(args) -> int:
         # Handlers before serving: a signal from here on stops cleanly (with a checkpoint).
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        print("syncer: contribution payloads: " + (
+            "codes and norms checked, CRC-32C not compared (CURVE authenticates every byte; --payload-crc to "
+            "compare it too)" if syncer.status()["payload_checks"] == "authenticated"
+            else "codes, norms and CRC-32C checked"), flush=True)
         syncer.start()
         if args.endpoint_file:
             _write_atomic(args.endpoint_file, syncer.endpoint + "\n")

@@ -44,11 +44,14 @@ class Syncer:
     newest valid checkpoint there (of the same plan) and allow
     ``checkpoint()``. ``shard``: (i, S) serves only shard i of S of the
     fragments (docs/sharding.md; learners then list every shard's endpoint).
-    See docs/python.md for every keyword.
+    ``payload_crc``: under CURVE, compare each contribution's payload CRC-32C
+    too (by default it is not: CURVE's MAC already authenticates every byte;
+    ``status()['payload_checks']`` says which). See docs/python.md for every keyword.
     """
 
     def __init__(self, model: NamedParameters, *, bind: str = "tcp://127.0.0.1:*", plaintext: bool = False,
-                 keys: Optional[str] = None, allow: Optional[str] = None, fragments: Optional[int] = None,
+                 keys: Optional[str] = None, allow: Optional[str] = None, payload_crc: bool = False,
+                 fragments: Optional[int] = None,
                  overlap: int = 2, sync_every: int = 24, round: str = "pull", pull_timeout: float = 0.0,
                  reask_after_steps: int = 3,
                  quorum: int = 1, grace_gamma: float = 0.3, grace_cap: float = 1.0,
@@ -79,7 +82,7 @@ class Syncer:
         o = _core.SyncerOptions()
         fill("ddiloco.Syncer", o, {
             "bind": ("bind", bind), "plaintext": ("plaintext", plaintext), "keys": ("keys", keys or ""),
-            "allow": ("allow", allow or ""), "fragments": ("fragments", default_fragments(fragments, len(names))),
+            "allow": ("allow", allow or ""), "payload_crc": ("payload_crc", payload_crc), "fragments": ("fragments", default_fragments(fragments, len(names))),
             "overlap": ("overlap", overlap), "sync_every": ("sync_every", sync_every), "round": ("round", round),
             "pull_timeout": ("pull_timeout_s", pull_timeout),
             "reask_after_steps": ("reask_after_steps", reask_after_steps), "quorum": ("quorum", quorum), "grace_gamma": ("grace_gamma", grace_gamma),

@@ -61,6 +61,7 @@ struct SyncerOptions {
   bool plaintext = false;
   std::string keys;   ///< the syncer's key file (CURVE)
   std::string allow;  ///< allow-list file: `<learner-id> <public-key>` per line (CURVE)
+  bool payload_crc = false;  ///< compare contributions' payload CRC-32C under CURVE too (ddiloco_syncer --payload-crc)
   std::size_t workers = 2;
   std::string checkpoint_dir;  ///< resume from / checkpoint() into this directory (empty: no checkpoints)
   std::size_t shard_index = 0;  ///< this syncer's shard (docs/sharding.md)
@@ -76,6 +77,7 @@ class SyncerBase {
   [[nodiscard]] virtual ZmqCounters counters() const = 0;
   [[nodiscard]] virtual std::vector<float> global_parameters() const = 0;
   [[nodiscard]] virtual const std::string& endpoint() const = 0;
+  [[nodiscard]] virtual PayloadChecks payload_checks() const = 0;
   [[nodiscard]] virtual const Plan& plan() const = 0;
   [[nodiscard]] virtual SyncerSnapshot snapshot() const = 0;
   virtual void restore(const SyncerSnapshot& s) = 0;
@@ -94,6 +96,7 @@ class SyncerImpl final : public SyncerBase {
   [[nodiscard]] ZmqCounters counters() const override { return link_.counters(); }
   [[nodiscard]] std::vector<float> global_parameters() const override { return syncer_.global_parameters(); }
   [[nodiscard]] const std::string& endpoint() const override { return link_.endpoint(); }
+  [[nodiscard]] PayloadChecks payload_checks() const override { return link_.payload_checks_in_use(); }
   [[nodiscard]] const Plan& plan() const override { return syncer_.plan(); }
   [[nodiscard]] SyncerSnapshot snapshot() const override { return syncer_.snapshot(); }
   void restore(const SyncerSnapshot& s) override { syncer_.restore(s); }
@@ -178,6 +181,7 @@ class SyncerCore {
       zc.security.own = read_key_file(o.keys);
       zc.security.allowed = read_allow_list(o.allow);
     }
+    zc.payload_crc_under_curve = o.payload_crc;
     SyncerRuntimeConfig rc;
     rc.workers = o.workers;
     // Checkpoints (as ddiloco_syncer): the newest valid one is read before the
@@ -292,6 +296,9 @@ class SyncerCore {
     d["joins_dropped"] = z.joins_dropped;
     d["frames_in"] = z.frames_in;
     d["frames_out"] = z.frames_out;
+    // Who checks a contribution's payload CRC-32C: 'deferred' (the syncer compares it) or
+    // 'authenticated' (CURVE's MAC covers every byte; not compared unless payload_crc=True).
+    d["payload_checks"] = open().payload_checks() == PayloadChecks::authenticated ? "authenticated" : "deferred";
     d["line"] = s.line();
     return d;
   }
@@ -330,6 +337,17 @@ class SyncerCore {
 
 void bind_syncer(py::module_& m) {
   m.def(
+      "write_curve_keys",
+      [](const std::string& name) {
+        const CurveKeys keys = generate_curve_keys();
+        write_key_file(name + ".key", keys);
+        write_key_file(name + ".pub", {keys.public_key, ""});
+        return keys.public_key;
+      },
+      py::arg("name"),
+      "As ddiloco_keygen NAME: a new CURVE key pair in NAME.key (public and secret, mode 0600) and NAME.pub "
+      "(public only); returns the public key (Z85 text, what an allow-list line holds)");
+  m.def(
       "read_tensor_list",
       [](const std::string& path) {
         std::vector<std::tuple<std::string, std::size_t, bool>> out;
@@ -363,6 +381,7 @@ void bind_syncer(py::module_& m) {
       .def_readwrite("plaintext", &SyncerOptions::plaintext)
       .def_readwrite("keys", &SyncerOptions::keys)
       .def_readwrite("allow", &SyncerOptions::allow)
+      .def_readwrite("payload_crc", &SyncerOptions::payload_crc)
       .def_readwrite("workers", &SyncerOptions::workers)
       .def_readwrite("shard_index", &SyncerOptions::shard_index)
       .def_readwrite("shard_count", &SyncerOptions::shard_count)

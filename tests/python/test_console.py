@@ -177,6 +177,29 @@ def test_console_syncer_serves_a_tensor_list(tmp_path):
         console.kill()
 
 
+@pytest.mark.parametrize("security, says", [
+    ([], "codes and norms checked, CRC-32C not compared (CURVE authenticates every byte"),
+    (["--payload-crc"], "codes, norms and CRC-32C checked"),
+    (None, "codes, norms and CRC-32C checked"),  # plaintext
+])
+def test_console_syncer_says_whether_it_compares_the_payload_crc(tmp_path, security, says):
+    if security is None:
+        security = ["--plaintext"]
+    else:
+        ddiloco.write_curve_keys(str(tmp_path / "syncer"))
+        (tmp_path / "allow.txt").write_text(f"0 {ddiloco.write_curve_keys(str(tmp_path / 'learner0'))}\n")
+        security = ["--keys", str(tmp_path / "syncer.key"), "--allow", str(tmp_path / "allow.txt"), *security]
+    console = Console("--model", MODEL, *security, "--bind", "tcp://127.0.0.1:*", *SCHEDULE,
+                      "--status-every-ms", "60000")
+    try:
+        line = console.wait_for(r"^syncer: contribution payloads: ").string
+        assert says in line, line
+        console.wait_for(READY.pattern)
+        assert console.stop(signal.SIGTERM) == 0
+    finally:
+        console.kill()
+
+
 def run_console(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "ddiloco", *args], capture_output=True, text=True, timeout=BOUND_S,
                           cwd=cwd)
