@@ -26,6 +26,15 @@ class Tiny(torch.nn.Module):
         return self.head(torch.tanh(self.hidden(self.tok_emb(tokens))))
 
 
+def train_step(model, opt, seed):
+    """One inner step of a Tiny on a seeded random token sequence."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 16, (8,), generator=g)
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(tokens[:-1]), tokens[1:]).backward()
+    opt.step()
+
+
 @pytest.fixture
 def tiny():
     return Tiny()

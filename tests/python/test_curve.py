@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ddiloco
-from conftest import Tiny
+from conftest import Tiny, train_step
 
 H, TAU, P = 4, 1, 2
 TIME_BOUND_S = 60
@@ -20,14 +20,6 @@ def write_keys(tmp_path):
     ddiloco.write_curve_keys(str(tmp_path / "syncer"))
     public = ddiloco.write_curve_keys(str(tmp_path / "learner0"))
     (tmp_path / "allow.txt").write_text(f"0 {public}\n")
-
-
-def train_step(model, opt, seed):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 16, (8,), generator=g)
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(tokens[:-1]), tokens[1:]).backward()
-    opt.step()
 
 
 def test_write_curve_keys_writes_a_private_key_file_and_a_public_one(tmp_path):

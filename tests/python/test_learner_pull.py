@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ddiloco
-from conftest import Tiny
+from conftest import Tiny, train_step
 
 H, TAU, P = 6, 1, 3
 HEADER_BYTES = 88  # the frame header (ddiloco/wire.hpp); a metadata frame has no payload
@@ -19,14 +19,6 @@ TIME_BOUND_S = 60
 def learner_of(model, endpoint, learner_id, **kw):
     return ddiloco.Learner(model, endpoint=endpoint, id=learner_id, plaintext=True, fragments=P, sync_every=H,
                            overlap=TAU, join_timeout=30, **kw)
-
-
-def train_step(model, opt, seed):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 16, (8,), generator=g)
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(tokens[:-1]), tokens[1:]).backward()
-    opt.step()
 
 
 def wait_for(what, condition, seconds=TIME_BOUND_S):
