@@ -253,5 +253,15 @@ BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::decoded)->Name("
 BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::bf16, Path::encoded)->Name("BM_SyncerRoundFromFrames<bf16>/encoded")->Apply(args);
 BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp16, Path::encoded)->Name("BM_SyncerRoundFromFrames<fp16>/encoded")->Apply(args);
 BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int8, Path::encoded)->Name("BM_SyncerRoundFromFrames<int8>/encoded")->Apply(args);
+// ... and under CURVE (SyncerCosts::curve_fold_elements_per_s).
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::bf16, Path::encoded_authenticated)
+    ->Name("BM_SyncerRoundFromFrames<bf16>/authenticated")
+    ->Apply(args);
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp16, Path::encoded_authenticated)
+    ->Name("BM_SyncerRoundFromFrames<fp16>/authenticated")
+    ->Apply(args);
+BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int8, Path::encoded_authenticated)
+    ->Name("BM_SyncerRoundFromFrames<int8>/authenticated")
+    ->Apply(args);
 
 BENCHMARK_MAIN();

@@ -46,12 +46,17 @@ TEST_CASE("A shard's bytes, cores and memory are the formulas computed by hand",
   CHECK(one[0].bytes_in_per_s == Approx(4 * payload / 10.0));   // M contributions of each fragment per H steps
   CHECK(one[0].bytes_out_per_s == Approx(4 * payload / 10.0));  // every merge to the M learners
   const double elems = 4.0 * 4 * kMi / 10.0;
-  CHECK(one[0].merge_cores == Approx(elems / d.costs.fold_elements_per_s[0] + elems / d.costs.send_elements_per_s[0]));
+  // The fold at CURVE's rate (the default: no payload CRC compared), or plaintext's.
+  CHECK(one[0].merge_cores ==
+        Approx(elems / d.costs.curve_fold_elements_per_s[0] + elems / d.costs.send_elements_per_s[0]));
   // In + out on one thread, at CURVE's rate (the default), or plaintext's.
   CHECK(one[0].io_cores == Approx(2 * 4 * payload / 10.0 / d.costs.curve_io_bytes_per_s));
   DeploymentSpec plain = d;
   plain.curve = false;
-  CHECK(size_shards(plan, 1, 10, plain)[0].io_cores == Approx(2 * 4 * payload / 10.0 / d.costs.io_bytes_per_s));
+  const auto plain_one = size_shards(plan, 1, 10, plain);
+  CHECK(plain_one[0].io_cores == Approx(2 * 4 * payload / 10.0 / d.costs.io_bytes_per_s));
+  CHECK(plain_one[0].merge_cores ==
+        Approx(elems / d.costs.fold_elements_per_s[0] + elems / d.costs.send_elements_per_s[0]));
   // Theta, momentum, mean, published, spare, 1 anchor; one merge in flight: M contributions, M global frames.
   CHECK(one[0].ram_steady_bytes == Approx(4.0 * 4 * kMi * 6 + 4 * (4.0 * kMi + 4.0 * kMi)));
   const auto b = ddiloco::syncer_buffer_bounds(plan);
@@ -163,4 +168,7 @@ TEST_CASE("size_deployment refuses a bad spec naming the field", "[sim][capacity
   d = small_spec();
   d.costs.curve_io_bytes_per_s = 0;
   CHECK_THROWS_WITH(size_deployment(four_equal(), d), Catch::Contains("curve_io_bytes_per_s = 0"));
+  d = small_spec();
+  d.costs.curve_fold_elements_per_s[4] = -1;
+  CHECK_THROWS_WITH(size_deployment(four_equal(), d), Catch::Contains("costs.curve_fold_elements_per_s has -1"));
 }

@@ -10,7 +10,9 @@
 // the time in which every learner sends every fragment once):
 //   bytes in / s   = M E(codec, n_s) / R          (contributions)
 //   bytes out / s  = M E(global_codec, n_s) / R   (each merge to every learner)
-//   merge cores    = M n_s / R / fold_elements_per_s[codec]
+//   merge cores    = M n_s / R / fold_elements_per_s[codec] (plaintext: the
+//                    payload CRC compared) or curve_fold_elements_per_s[codec]
+//                    (CURVE: left to its MAC)
 //                  + M n_s / R / send_elements_per_s[global_codec]   (framing the globals)
 //   I/O cores      = (bytes in + bytes out) / s / io_bytes_per_s (plaintext)
 //                    or curve_io_bytes_per_s (CURVE, ddiloco_syncer's default:
@@ -54,27 +56,29 @@
 
 namespace ddiloco::sim {
 
-/// Measured per-core rates (2 vCPU KVM guest, Xeon 2.6 GHz, 2026-12-02, idle;
-/// docs/simulator.md, "Sizing a deployment", says how to measure your host's).
+/// Measured per-core rates (2 vCPU AMD EPYC KVM guest with AVX-512 and
+/// VPCLMULQDQ, 2026-12-07, load about 1; docs/simulator.md, "Sizing a
+/// deployment", says how to measure your host's and gives the figures).
 struct SyncerCosts {
   /// Contribution elements folded per second by one merge thread, by codec
   /// (index: Codec), M = 8, the smaller of the 2^22- and 2^24-element rates of
-  /// bench_syncer_path BM_SyncerRoundFromFrames<codec>/encoded (checksum, norm
-  /// scan, add_batch, outer step, publication). That is the plaintext path;
-  /// under CURVE the checksum is not compared and the fold is 1.1x (int4) to
-  /// 1.5x (fp32) faster (docs/performance.md), so these rates size conservatively.
-  double fold_elements_per_s[5] = {0.731e9, 0.714e9, 0.434e9, 1.11e9, 1.12e9};
+  /// bench_syncer_path BM_SyncerRoundFromFrames<codec>/encoded (payload CRC-32C
+  /// compared, norm scan, add_batch, outer step, publication): the plaintext path.
+  double fold_elements_per_s[5] = {1.39e9, 1.23e9, 0.720e9, 1.71e9, 2.22e9};
+  /// The same under CURVE (BM_SyncerRoundFromFrames<codec>/authenticated: the
+  /// payload CRC left to CURVE's MAC), measured in the same run.
+  double curve_fold_elements_per_s[5] = {1.66e9, 1.32e9, 0.829e9, 1.97e9, 2.19e9};
   /// Global elements framed per second per receiver by the merging thread, by
   /// the global codec (bench_transport BM_syncer_send_merged: 2^24 elements
   /// to 8 learners).
-  double send_elements_per_s[5] = {0.746e9, 1.32e9, 0.932e9, 1.61e9, 2.10e9};
+  double send_elements_per_s[5] = {1.39e9, 2.10e9, 1.45e9, 2.49e9, 2.96e9};
   /// Wire bytes one ZeroMQ I/O thread moves per second (bench_transport
-  /// BM_zmq_plaintext_zero_copy, 16 MiB frames on loopback).
-  double io_bytes_per_s = 1.85e9;
+  /// BM_zmq_plaintext_zero_copy, 16 MiB frames on loopback; the lowest median
+  /// of twelve runs that day: 2.91 GiB/s, the highest 4.06).
+  double io_bytes_per_s = 3.12e9;
   /// The same under CURVE, where the I/O thread also encrypts and decrypts
-  /// (bench_transport BM_zmq_curve, 16 MiB frames; measured on a 2 vCPU AMD
-  /// EPYC KVM guest on 2026-12-07, the lower of two runs' medians: 618 and
-  /// 649 MiB/s; plaintext on that host: 1.25-1.42 GiB/s copying, 2.9-3.8 zero-copy).
+  /// (bench_transport BM_zmq_curve, 16 MiB frames; the lower of two runs'
+  /// medians: 618 and 649 MiB/s).
   double curve_io_bytes_per_s = 0.648e9;
 };
 
@@ -140,6 +144,8 @@ inline void check_spec(const DeploymentSpec& d) {
     bad("target_utilisation = ", d.target_utilisation, " must be in (0, 1]");
   for (const double r : d.costs.fold_elements_per_s)
     if (!(r > 0) || !std::isfinite(r)) bad("costs.fold_elements_per_s has ", r, "; every rate must be > 0");
+  for (const double r : d.costs.curve_fold_elements_per_s)
+    if (!(r > 0) || !std::isfinite(r)) bad("costs.curve_fold_elements_per_s has ", r, "; every rate must be > 0");
   for (const double r : d.costs.send_elements_per_s)
     if (!(r > 0) || !std::isfinite(r)) bad("costs.send_elements_per_s has ", r, "; every rate must be > 0");
   if (!(d.costs.io_bytes_per_s > 0)) bad("costs.io_bytes_per_s = ", d.costs.io_bytes_per_s, " must be > 0");
@@ -180,7 +186,8 @@ inline std::vector<ShardSizing> size_shards(const Plan& plan, std::size_t shards
     z.bytes_in_per_s = m * in / period;
     z.bytes_out_per_s = m * down / period;
     const double elems = m * static_cast<double>(z.elements) / period;
-    z.merge_cores = elems / spec.costs.fold_elements_per_s[static_cast<std::size_t>(spec.codec)] +
+    const auto& fold = spec.curve ? spec.costs.curve_fold_elements_per_s : spec.costs.fold_elements_per_s;
+    z.merge_cores = elems / fold[static_cast<std::size_t>(spec.codec)] +
                     elems / spec.costs.send_elements_per_s[static_cast<std::size_t>(spec.global_codec)];
     z.io_cores = (z.bytes_in_per_s + z.bytes_out_per_s) /
                  (spec.curve ? spec.costs.curve_io_bytes_per_s : spec.costs.io_bytes_per_s);
