@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "bench_common.hpp"
@@ -231,37 +232,34 @@ void args(benchmark::internal::Benchmark* b) {
   b->Args({22, 8})->Args({24, 8})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 }
 
-}  // namespace
+/// One round's registration under its printed name, e.g. BM_SyncerRoundFromFrames<fp32>/encoded.
+template <Codec C, Path P>
+void round(const char* path) {
+  benchmark::RegisterBenchmark(("BM_SyncerRoundFromFrames<" + std::string(ddiloco::to_string(C)) + ">/" + path).c_str(),
+                               BM_SyncerRoundFromFrames<C, P>)
+      ->Apply(args);
+}
 
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int4, Path::encoded)->Name("BM_SyncerRoundFromFrames<int4>/encoded")->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int4, Path::encoded_checked_on_receive)
-    ->Name("BM_SyncerRoundFromFrames<int4>/encoded_checked_on_receive")
-    ->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int4, Path::decoded)->Name("BM_SyncerRoundFromFrames<int4>/decoded")->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::encoded)->Name("BM_SyncerRoundFromFrames<fp32>/encoded")->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::encoded_checked_on_receive)
-    ->Name("BM_SyncerRoundFromFrames<fp32>/encoded_checked_on_receive")
-    ->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::encoded_authenticated)
-    ->Name("BM_SyncerRoundFromFrames<fp32>/authenticated")
-    ->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int4, Path::encoded_authenticated)
-    ->Name("BM_SyncerRoundFromFrames<int4>/authenticated")
-    ->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp32, Path::decoded)->Name("BM_SyncerRoundFromFrames<fp32>/decoded")->Apply(args);
-// The other codecs on the product path (sim/capacity.hpp's SyncerCosts quotes every codec's fold rate).
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::bf16, Path::encoded)->Name("BM_SyncerRoundFromFrames<bf16>/encoded")->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp16, Path::encoded)->Name("BM_SyncerRoundFromFrames<fp16>/encoded")->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int8, Path::encoded)->Name("BM_SyncerRoundFromFrames<int8>/encoded")->Apply(args);
-// ... and under CURVE (SyncerCosts::curve_fold_elements_per_s).
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::bf16, Path::encoded_authenticated)
-    ->Name("BM_SyncerRoundFromFrames<bf16>/authenticated")
-    ->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::fp16, Path::encoded_authenticated)
-    ->Name("BM_SyncerRoundFromFrames<fp16>/authenticated")
-    ->Apply(args);
-BENCHMARK_TEMPLATE(BM_SyncerRoundFromFrames, Codec::int8, Path::encoded_authenticated)
-    ->Name("BM_SyncerRoundFromFrames<int8>/authenticated")
-    ->Apply(args);
+[[maybe_unused]] const bool registered = [] {
+  round<Codec::int4, Path::encoded>("encoded");
+  round<Codec::int4, Path::encoded_checked_on_receive>("encoded_checked_on_receive");
+  round<Codec::int4, Path::decoded>("decoded");
+  round<Codec::fp32, Path::encoded>("encoded");
+  round<Codec::fp32, Path::encoded_checked_on_receive>("encoded_checked_on_receive");
+  round<Codec::fp32, Path::encoded_authenticated>("authenticated");
+  round<Codec::int4, Path::encoded_authenticated>("authenticated");
+  round<Codec::fp32, Path::decoded>("decoded");
+  // The other codecs on the product path, plaintext and CURVE (sim/capacity.hpp's SyncerCosts
+  // quotes every codec's fold rates).
+  round<Codec::bf16, Path::encoded>("encoded");
+  round<Codec::fp16, Path::encoded>("encoded");
+  round<Codec::int8, Path::encoded>("encoded");
+  round<Codec::bf16, Path::encoded_authenticated>("authenticated");
+  round<Codec::fp16, Path::encoded_authenticated>("authenticated");
+  round<Codec::int8, Path::encoded_authenticated>("authenticated");
+  return true;
+}();
+
+}  // namespace
 
 BENCHMARK_MAIN();
