@@ -405,6 +405,15 @@ enum class PayloadChecks : std::uint8_t {
   authenticated
 };
 
+constexpr std::string_view to_string(PayloadChecks c) noexcept {
+  switch (c) {
+    case PayloadChecks::now: return "now";
+    case PayloadChecks::deferred: return "deferred";
+    case PayloadChecks::authenticated: return "authenticated";
+  }
+  return "unknown";
+}
+
 namespace detail {
 /// decode_frame_view, the payload checksum compared only when `check_payload`
 /// (decode_frame_keep_encoded with PayloadChecks::deferred leaves it to the syncer).

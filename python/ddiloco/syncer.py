@@ -82,7 +82,8 @@ class Syncer:
         o = _core.SyncerOptions()
         fill("ddiloco.Syncer", o, {
             "bind": ("bind", bind), "plaintext": ("plaintext", plaintext), "keys": ("keys", keys or ""),
-            "allow": ("allow", allow or ""), "payload_crc": ("payload_crc", payload_crc), "fragments": ("fragments", default_fragments(fragments, len(names))),
+            "allow": ("allow", allow or ""), "payload_crc": ("payload_crc", payload_crc),
+            "fragments": ("fragments", default_fragments(fragments, len(names))),
             "overlap": ("overlap", overlap), "sync_every": ("sync_every", sync_every), "round": ("round", round),
             "pull_timeout": ("pull_timeout_s", pull_timeout),
             "reask_after_steps": ("reask_after_steps", reask_after_steps), "quorum": ("quorum", quorum), "grace_gamma": ("grace_gamma", grace_gamma),

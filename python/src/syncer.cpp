@@ -298,7 +298,7 @@ class SyncerCore {
     d["frames_out"] = z.frames_out;
     // Who checks a contribution's payload CRC-32C: 'deferred' (the syncer compares it) or
     // 'authenticated' (CURVE's MAC covers every byte; not compared unless payload_crc=True).
-    d["payload_checks"] = open().payload_checks() == PayloadChecks::authenticated ? "authenticated" : "deferred";
+    d["payload_checks"] = std::string(to_string(open().payload_checks()));
     d["line"] = s.line();
     return d;
   }

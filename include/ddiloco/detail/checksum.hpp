@@ -86,30 +86,22 @@ constexpr std::uint32_t crc32c_multiply(std::uint32_t a, std::uint32_t b) noexce
   return product;
 }
 
-/// x^(8 n) modulo the polynomial (reflected): the state 1 (= x^0, bit 31) after
-/// n zero bytes, so that crc32c_multiply(crc32c_x8n(n), s) is the raw state s
-/// followed by n zero bytes. The raw update is linear in the state:
-/// update(s, A || B) = shift(update(s, A), |B|) ^ update(0, B).
-constexpr std::uint32_t crc32c_x8n(std::size_t n) noexcept {
-  std::uint32_t power = 1U << 31;           // x^0
-  std::uint32_t square = 1U << (31 - 8);    // x^8: one byte
-  for (; n != 0; n >>= 1) {                 // power *= (x^8)^n by squaring
-    if ((n & 1U) != 0) power = crc32c_multiply(power, square);
-    square = crc32c_multiply(square, square);
-  }
-  return power;
-}
-
 /// x^k modulo the polynomial (reflected, bit 31 = x^0), for any bit count k.
 constexpr std::uint32_t crc32c_xpow(std::size_t k) noexcept {
-  std::uint32_t power = 1U << 31;  // x^0
+  std::uint32_t power = 1U << 31;   // x^0
   std::uint32_t square = 1U << 30;  // x^1
-  for (; k != 0; k >>= 1) {
+  for (; k != 0; k >>= 1) {         // power *= x^k by squaring
     if ((k & 1U) != 0) power = crc32c_multiply(power, square);
     square = crc32c_multiply(square, square);
   }
   return power;
 }
+
+/// x^(8 n) modulo the polynomial (reflected): the state 1 (= x^0, bit 31) after
+/// n zero bytes, so that crc32c_multiply(crc32c_x8n(n), s) is the raw state s
+/// followed by n zero bytes. The raw update is linear in the state:
+/// update(s, A || B) = shift(update(s, A), |B|) ^ update(0, B).
+constexpr std::uint32_t crc32c_x8n(std::size_t n) noexcept { return crc32c_xpow(8 * n); }
 
 /// Carry-less folding with AVX-512 VPCLMULQDQ (4 x 128-bit products per
 /// instruction), for CPUs that have it; same result as crc32c_update_hw.
@@ -138,7 +130,6 @@ constexpr std::uint64_t hi_constant(std::size_t d) noexcept {
   return std::uint64_t{crc32c_xpow(d - 1)} << 32;
 }
 }  // namespace crc32c_fold
-
 
 #ifdef DDILOCO_CRC32C_HW
 /// SSE4.2 update of a raw CRC state (same result as the portable one). The
