@@ -332,20 +332,17 @@ void BM_SocketToMerge(benchmark::State& state) {
   }
   // The next frame of `type` on dealer d (others dropped); false after 30 s.
   const auto await = [&](void* d, ddiloco::MessageType type, std::uint64_t* sequence) {
-    zmq_msg_t msg;
-    zmq_msg_init(&msg);
     zmq_pollitem_t item{d, 0, ZMQ_POLLIN, 0};
     for (;;) {
-      if (zmq_poll(&item, 1, 30000) <= 0) {
-        zmq_msg_close(&msg);
-        return false;
-      }
-      if (zmq_msg_recv(&msg, d, 0) < 0) die("zmq_msg_recv");
-      const auto* p = static_cast<const std::byte*>(zmq_msg_data(&msg));
-      if (zmq_msg_size(&msg) >= ddiloco::kFrameHeaderSize &&
-          p[ddiloco::detail::frame_offset::type] == static_cast<std::byte>(type)) {
-        if (sequence != nullptr) *sequence = ddiloco::detail::load_u64(p + ddiloco::detail::frame_offset::sequence);
-        zmq_msg_close(&msg);
+      if (zmq_poll(&item, 1, 30000) <= 0) return false;
+      ddiloco::detail::ReceivedFrame frame;  // one part, or header and payload
+      if (!frame.receive(d, 0)) die("zmq_msg_recv");
+      const auto head = frame.head_bytes();
+      if (head.size() >= ddiloco::kFrameHeaderSize &&
+          head[ddiloco::detail::frame_offset::type] == static_cast<std::byte>(type)) {
+        if (sequence != nullptr) {
+          *sequence = ddiloco::detail::load_u64(head.data() + ddiloco::detail::frame_offset::sequence);
+        }
         return true;
       }
     }

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -710,4 +711,52 @@ TEST_CASE("the fuzzer's seed corpus holds valid frames that decode and broken on
   }
   CHECK(valid >= 6);
   CHECK(broken >= 1);
+}
+
+TEST_CASE("A frame in two parts (header, then payload) encodes and decodes as the same frame in one", "[wire]") {
+  for (const Codec codec : ddiloco::all_codecs) {
+    for (const std::size_t n : {std::size_t{0}, std::size_t{7}, std::size_t{16385}}) {
+      INFO(ddiloco::to_string(codec) << " n = " << n);
+      const Message m = sample(MessageType::global_fragment, n, static_cast<unsigned>(n) + 11);
+      const Bytes whole = ddiloco::encode_frame(m, codec);
+      Bytes payload(ddiloco::encoded_size(codec, n), std::byte{0xEE});
+      const std::uint32_t crc = ddiloco::encode_payload_into(m, codec, payload);
+      const auto head = ddiloco::frame_header(m, codec, crc);
+      Bytes glued(head.size() + payload.size());
+      std::memcpy(glued.data(), head.data(), head.size());
+      if (!payload.empty()) std::memcpy(glued.data() + head.size(), payload.data(), payload.size());
+      CHECK(glued == whole);
+      CHECK(crc == ddiloco::frame_payload_crc(whole));
+      const auto parts = ddiloco::decode_frame_parts(head, payload);
+      const auto one = ddiloco::decode_frame(whole);
+      REQUIRE(parts.ok());
+      REQUIRE(one.ok());
+      CHECK(parts.value().learner == m.learner);
+      CHECK(parts.value().version == m.version);
+      CHECK(static_cast<bool>(parts.value().payload) == static_cast<bool>(one.value().payload));
+      if (one.value().payload) CHECK(*parts.value().payload == *one.value().payload);
+    }
+  }
+  // The checks, in decode_frame's order, on each part.
+  const Message m = sample(MessageType::global_fragment, 64);
+  const Bytes whole = ddiloco::encode_frame(m, Codec::fp32);
+  const std::span<const std::byte> head(whole.data(), ddiloco::kFrameHeaderSize);
+  const std::span<const std::byte> payload(whole.data() + ddiloco::kFrameHeaderSize,
+                                           whole.size() - ddiloco::kFrameHeaderSize);
+  const auto error_of = [](const ddiloco::DecodeResult& r) { return r.ok() ? std::optional<WireError>{} : r.error(); };
+  CHECK(error_of(ddiloco::decode_frame_parts(head.first(87), payload)) == WireError::too_short);
+  CHECK(error_of(ddiloco::decode_frame_parts(std::span<const std::byte>(whole.data(), 89), payload)) ==
+        WireError::length_mismatch);
+  CHECK(error_of(ddiloco::decode_frame_parts(head, payload.first(payload.size() - 1))) == WireError::too_short);
+  CHECK(error_of(ddiloco::decode_frame_parts(head, std::span<const std::byte>(whole).subspan(87))) ==
+        WireError::length_mismatch);
+  Bytes flipped(payload.begin(), payload.end());
+  flipped[5] ^= std::byte{0x10};
+  CHECK(error_of(ddiloco::decode_frame_parts(head, flipped)) == WireError::payload_checksum);
+  Bytes bad_head(head.begin(), head.end());
+  bad_head[30] ^= std::byte{1};
+  CHECK(error_of(ddiloco::decode_frame_parts(bad_head, payload)) == WireError::header_checksum);
+  // A payload buffer of the wrong size is the caller's error.
+  Bytes short_out(4 * 64 - 1);
+  CHECK_THROWS_AS(ddiloco::encode_payload_into(m, Codec::fp32, short_out), ddiloco::ShapeMismatch);
 }

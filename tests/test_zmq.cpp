@@ -1238,12 +1238,21 @@ TEST_CASE("A learner cuts a syncer frame over its largest legal frame and refuse
   REQUIRE(asked.has_value());
   CHECK(asked->type == MessageType::rejoin);
   CHECK(learner.counters().wrong_direction == 1);
-  // One element more than the plan's largest fragment: ZeroMQ drops the
-  // connection (a protocol error: it does not reconnect to that syncer).
+  // One element more than the plan's largest fragment: its payload part (a
+  // global's header and payload go as two message parts) is still within
+  // ZeroMQ's per-part limit, so it arrives and the decoder refuses it.
   REQUIRE(syncer.send_to(3, global_of(11)));
+  REQUIRE(eventually([&] {
+    CHECK_FALSE(learner.try_receive().has_value());
+    return learner.counters().wire.rejected_by[static_cast<std::size_t>(WireError::too_large)] == 1;
+  }));
+  CHECK(learner.counters().frames_in == 4);
+  // A payload part over max_message_size: ZeroMQ drops the connection (a
+  // protocol error: it does not reconnect to that syncer) before allocating it.
+  REQUIRE(syncer.send_to(3, global_of(config.max_message_size / 4 + 1)));
   REQUIRE(eventually([&] { return learner.link_events().disconnects >= 1; }));
   CHECK_FALSE(learner.try_receive().has_value());
-  CHECK(learner.counters().frames_in == 3);  // the contribution, the legal global and the rejoin; the oversized never arrived
+  CHECK(learner.counters().frames_in == 4);  // the contribution, the legal global, the rejoin, the refused global; the oversized never arrived
 }
 
 TEST_CASE("A connection that has not read for slow_peer_timeout is not heard from until it reads again",
@@ -1334,15 +1343,9 @@ Message state_fragment(LearnerId to, std::uint32_t p, std::uint64_t sequence, co
 std::vector<Message> read_all(RawPeer& peer) {
   std::vector<Message> got;
   for (;;) {
-    zmq_msg_t msg;
-    zmq_msg_init(&msg);
-    if (zmq_msg_recv(&msg, peer.socket, ZMQ_DONTWAIT) < 0) {
-      zmq_msg_close(&msg);
-      return got;
-    }
-    DecodeResult r = decode_frame(
-        std::span<const std::byte>(static_cast<const std::byte*>(zmq_msg_data(&msg)), zmq_msg_size(&msg)), {});
-    zmq_msg_close(&msg);
+    detail::ReceivedFrame frame;  // one part, or header and payload
+    if (!frame.receive(peer.socket, ZMQ_DONTWAIT)) return got;
+    DecodeResult r = frame.decode({});
     REQUIRE(r.ok());
     got.push_back(std::move(r).value());
   }
@@ -1451,4 +1454,162 @@ TEST_CASE("A joiner that does not read pins no state: its stream is abandoned af
   // Frames copy the payload's bytes: what holds it now is this test and the
   // transport's cache of the last payload framed (frame_of), not the stream.
   CHECK(values.use_count() == 2);
+}
+
+TEST_CASE("A merged fragment sent to several learners is encoded once and goes out as a header and a shared payload part",
+          "[zmq]") {
+  ZmqSyncerTransport syncer(plain_syncer(), steady);
+  std::vector<std::unique_ptr<ZmqLearnerTransport>> learners;
+  for (LearnerId id = 1; id <= 3; ++id) {
+    learners.push_back(std::make_unique<ZmqLearnerTransport>(plain_learner(syncer.endpoint(), id), steady));
+    REQUIRE(learners.back()->send(join_message(id)));
+    REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+  }
+  RawPeer raw(syncer.endpoint());  // sees the parts as they come
+  Message hello = join_message(4);
+  REQUIRE(raw.send(encode_frame(hello, Codec::fp32)));
+  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+
+  std::vector<float> values(1000);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i) - 7.0f;
+  const auto send_merge = [&](const Payload& merged, std::uint64_t version) {
+    for (LearnerId id = 1; id <= 4; ++id) {
+      Message g;
+      g.type = MessageType::global_fragment;
+      g.fingerprint = 7;
+      g.learner = id;
+      g.version = version;
+      g.payload = merged;  // one payload for every receiver, as Syncer publishes a merge
+      REQUIRE(syncer.send_to(id, std::move(g)));
+    }
+  };
+  const auto before = syncer.counters();
+  send_merge(make_payload(values), 5);
+  for (LearnerId id = 1; id <= 3; ++id) {
+    const auto got = learners[id - 1]->receive_until(steady.now() + 10s);
+    REQUIRE(got.has_value());
+    CHECK(got->type == MessageType::global_fragment);
+    CHECK(got->learner == id);  // its own header
+    CHECK(got->version == 5);
+    REQUIRE(got->payload);
+    CHECK(*got->payload == values);
+  }
+  // The raw peer: two parts, exactly the header and exactly the payload.
+  detail::ReceivedFrame frame;
+  REQUIRE(eventually([&] { return frame.receive(raw.socket, ZMQ_DONTWAIT); }));
+  CHECK(frame.two_parts);
+  CHECK_FALSE(frame.malformed);
+  CHECK(frame.head_bytes().size() == kFrameHeaderSize);
+  CHECK(frame.payload_bytes().size() == 4 * values.size());
+  const DecodeResult r = frame.decode({});
+  REQUIRE(r.ok());
+  CHECK(r.value().learner == 4);
+  CHECK(*r.value().payload == values);
+  // Glued back into one buffer it is the frame encode_frame writes.
+  std::vector<std::byte> glued(frame.head_bytes().begin(), frame.head_bytes().end());
+  glued.insert(glued.end(), frame.payload_bytes().begin(), frame.payload_bytes().end());
+  Message expected = r.value();
+  CHECK(glued == encode_frame(expected, Codec::fp32));
+
+  auto after = syncer.counters();
+  CHECK(after.payloads_encoded - before.payloads_encoded == 1);
+  REQUIRE(eventually([&] { return syncer.counters().frames_out - before.frames_out == 4; }));
+  // The next merge is another payload: encoded once more.
+  values[0] = 1.5f;
+  send_merge(make_payload(values), 6);
+  after = syncer.counters();
+  CHECK(after.payloads_encoded - before.payloads_encoded == 2);
+  for (LearnerId id = 1; id <= 3; ++id) {
+    const auto got = learners[id - 1]->receive_until(steady.now() + 10s);
+    REQUIRE(got.has_value());
+    CHECK(got->version == 6);
+    CHECK(*got->payload == values);
+  }
+  // A message without a payload is one part, as before.
+  Message rejoin;
+  rejoin.type = MessageType::rejoin;
+  rejoin.fingerprint = 7;
+  rejoin.learner = 4;
+  REQUIRE(syncer.send_to(4, std::move(rejoin)));
+  detail::ReceivedFrame second, third;
+  REQUIRE(eventually([&] { return second.receive(raw.socket, ZMQ_DONTWAIT); }));  // version 6
+  REQUIRE(eventually([&] { return third.receive(raw.socket, ZMQ_DONTWAIT); }));
+  CHECK(second.two_parts);
+  CHECK_FALSE(third.two_parts);
+  CHECK(third.decode({}).ok());
+  CHECK(syncer.counters().payloads_encoded - before.payloads_encoded == 2);
+}
+
+TEST_CASE("A learner refuses a frame of more than two parts, and decodes the two-part form's errors as one frame's",
+          "[zmq][wire]") {
+  // A raw ROUTER plays the syncer: it learns the learner's routing id from its join.
+  void* ctx = zmq_ctx_new();
+  void* router = zmq_socket(ctx, ZMQ_ROUTER);
+  const int zero = 0;
+  zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof zero);
+  REQUIRE(zmq_bind(router, "tcp://127.0.0.1:*") == 0);
+  char endpoint[256];
+  std::size_t len = sizeof endpoint;
+  zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len);
+  {
+    ZmqLearnerTransport learner(plain_learner(endpoint, 2), steady);
+    REQUIRE(learner.send(join_message(2)));
+    zmq_pollitem_t item{router, 0, ZMQ_POLLIN, 0};
+    REQUIRE(zmq_poll(&item, 1, 10000) == 1);
+    zmq_msg_t rid, body;
+    zmq_msg_init(&rid);
+    zmq_msg_init(&body);
+    REQUIRE(zmq_msg_recv(&rid, router, 0) >= 0);
+    REQUIRE(zmq_msg_recv(&body, router, 0) >= 0);
+    const std::string id(static_cast<const char*>(zmq_msg_data(&rid)), zmq_msg_size(&rid));
+    zmq_msg_close(&rid);
+    zmq_msg_close(&body);
+    const auto send_parts = [&](const std::vector<std::vector<std::byte>>& parts) {
+      REQUIRE(zmq_send(router, id.data(), id.size(), ZMQ_SNDMORE) >= 0);
+      for (std::size_t i = 0; i < parts.size(); ++i)
+        REQUIRE(zmq_send(router, parts[i].data(), parts[i].size(), i + 1 < parts.size() ? ZMQ_SNDMORE : 0) >= 0);
+    };
+    Message g;
+    g.type = MessageType::global_fragment;
+    g.fingerprint = 7;
+    g.learner = 2;
+    g.version = 3;
+    g.payload = make_payload(std::vector<float>(16, 0.5f));
+    const auto whole = encode_frame(g, Codec::fp32);
+    const std::vector<std::byte> head(whole.begin(), whole.begin() + kFrameHeaderSize),
+        payload(whole.begin() + kFrameHeaderSize, whole.end());
+    // Three parts: refused as trailing bytes (length_mismatch), not taken as two frames.
+    send_parts({head, payload, payload});
+    // Two parts whose payload lost a byte: too_short, as the same frame in one part would be.
+    send_parts({head, std::vector<std::byte>(payload.begin(), payload.end() - 1)});
+    // A payload part whose bytes changed: payload_checksum.
+    auto flipped = payload;
+    flipped[3] ^= std::byte{1};
+    send_parts({head, flipped});
+    // A header part with a byte too many: length_mismatch.
+    auto long_head = head;
+    long_head.push_back(std::byte{0});
+    send_parts({long_head, payload});
+    // Then the good one, in both forms.
+    send_parts({head, payload});
+    send_parts({whole});
+    std::vector<Message> got;
+    REQUIRE(eventually([&] {
+      while (auto m = learner.try_receive()) got.push_back(std::move(*m));
+      return got.size() >= 2;
+    }));
+    for (const Message& m : got) {
+      CHECK(m.version == 3);
+      REQUIRE(m.payload);
+      CHECK(*m.payload == std::vector<float>(16, 0.5f));
+    }
+    const auto& w = learner.counters().wire;
+    CHECK(w.rejected_by[static_cast<std::size_t>(WireError::length_mismatch)] == 2);
+    CHECK(w.rejected_by[static_cast<std::size_t>(WireError::too_short)] == 1);
+    CHECK(w.rejected_by[static_cast<std::size_t>(WireError::payload_checksum)] == 1);
+    CHECK(learner.counters().decode_errors == 4);
+    CHECK(learner.counters().frames_in == 6);
+  }
+  zmq_close(router);
+  zmq_ctx_term(ctx);
 }

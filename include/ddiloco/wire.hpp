@@ -292,31 +292,32 @@ inline std::size_t frame_size(const Message& m, Codec codec) {
   return kFrameHeaderSize + encoded_size(codec, m.payload_size());
 }
 
-/// encode_frame into `out` (exactly frame_size(m, codec) bytes, e.g. a buffer
-/// the transport owns, so the frame is written once and never zero-filled).
-/// The payload is m.payload encoded with `codec` (the fast kernels: the same
-/// bytes as ddiloco::encode), or m.encoded copied when the sender encoded it
-/// already (its codec must be `codec`; when its bytes are already at the
-/// payload's place in `out`, they stay there); the payload CRC is taken on each
-/// 64 KiB piece right after it is written, while it is in cache. Throws as
-/// encode_frame does, ShapeMismatch for a wrong `out` size, and InvalidArgument
-/// for an m.encoded in another codec or of the wrong size.
-inline void encode_frame_into(const Message& m, Codec codec, std::span<std::byte> out) {
+/// The payload of m's frame alone, written into `out` (exactly
+/// encoded_size(codec, m.payload_size()) bytes): m.payload encoded with `codec`
+/// (the fast kernels: the same bytes as ddiloco::encode), or m.encoded copied
+/// when the sender encoded it already (its codec must be `codec`; when its
+/// bytes are already at `out`, they stay there). Returns the payload's
+/// CRC-32C, taken on each 64 KiB piece right after it is written, while it is
+/// in cache. With frame_header, the two parts of a frame sent as two messages
+/// (ZmqSyncerTransport: one payload part shared by every receiver). Throws
+/// ShapeMismatch for a wrong `out` size and InvalidArgument for an m.encoded
+/// in another codec or of the wrong size.
+inline std::uint32_t encode_payload_into(const Message& m, Codec codec, std::span<std::byte> out) {
   const std::size_t n = m.payload_size();
-  FrameHeader h = detail::header_of(m, codec, n);
-  if (out.size() != kFrameHeaderSize + h.payload_bytes) {
-    throw ShapeMismatch(detail::msg("encode_frame_into: the frame takes ", kFrameHeaderSize + h.payload_bytes,
-                                    " bytes but the buffer has ", out.size(), "; size it with frame_size()"));
+  const std::size_t bytes = encoded_size(codec, n);
+  if (out.size() != bytes) {
+    throw ShapeMismatch(detail::msg("encode_payload_into: ", n, " elements in ", to_string(codec), " take ", bytes,
+                                    " bytes but the buffer has ", out.size()));
   }
-  std::byte* payload = out.data() + kFrameHeaderSize;
+  std::byte* payload = out.data();
   constexpr std::size_t kPiece = std::size_t{1} << 16;  // bytes copied or encoded, then checksummed
   std::uint32_t crc = 0xFFFFFFFFU;
   if (!m.payload && m.encoded) {
     const EncodedPayload& e = *m.encoded;
-    if (e.codec != codec || e.bytes.size() != h.payload_bytes) {
+    if (e.codec != codec || e.bytes.size() != bytes) {
       throw InvalidArgument(detail::msg("encode_frame: the message's payload is already encoded in ",
                                         to_string(e.codec), " (", e.bytes.size(), " bytes for ", e.elements,
-                                        " elements) but the frame is ", to_string(codec), " (", h.payload_bytes,
+                                        " elements) but the frame is ", to_string(codec), " (", bytes,
                                         " bytes); encode it with the transport's codec"));
     }
     if (e.bytes.data() == payload) {  // written in place (a buffer the transport lent)
@@ -337,25 +338,51 @@ inline void encode_frame_into(const Message& m, Codec codec, std::span<std::byte
       crc = detail::crc32c_update(crc, std::span<const std::byte>(payload + 4 * lo, 4 * len));
     }
   } else if (n != 0) {  // bf16 .. int4: block scales ahead of the codes, so encode it all, then checksum
-    fast::encode(codec, std::span<const float>(*m.payload), std::span<std::byte>(payload, h.payload_bytes));
-    crc = detail::crc32c_update(crc, std::span<const std::byte>(payload, h.payload_bytes));
+    fast::encode(codec, std::span<const float>(*m.payload), std::span<std::byte>(payload, bytes));
+    crc = detail::crc32c_update(crc, std::span<const std::byte>(payload, bytes));
   }
-  h.payload_crc = crc ^ 0xFFFFFFFFU;
+  return crc ^ 0xFFFFFFFFU;
+}
+
+/// encode_frame into `out` (exactly frame_size(m, codec) bytes, e.g. a buffer
+/// the transport owns, so the frame is written once and never zero-filled):
+/// the header, then the payload as encode_payload_into writes it. Throws as
+/// encode_frame does, ShapeMismatch for a wrong `out` size, and
+/// InvalidArgument as encode_payload_into does.
+inline void encode_frame_into(const Message& m, Codec codec, std::span<std::byte> out) {
+  FrameHeader h = detail::header_of(m, codec, m.payload_size());
+  if (out.size() != kFrameHeaderSize + h.payload_bytes) {
+    throw ShapeMismatch(detail::msg("encode_frame_into: the frame takes ", kFrameHeaderSize + h.payload_bytes,
+                                    " bytes but the buffer has ", out.size(), "; size it with frame_size()"));
+  }
+  h.payload_crc = encode_payload_into(m, codec, out.subspan(kFrameHeaderSize));
   detail::write_frame_header(std::span<std::byte, kFrameHeaderSize>(out.data(), kFrameHeaderSize), h);
 }
 
-/// The header of m's frame for a payload already at its place in `out` (which
-/// holds frame_size(m, codec) bytes) whose CRC32C is `payload_crc`: the same
-/// global fragment framed again for the next learner costs one copy of the
-/// payload, not another encode and checksum. Throws as encode_frame_into does.
-inline void finish_frame(const Message& m, Codec codec, std::uint32_t payload_crc, std::span<std::byte> out) {
+/// The header of m's frame for a payload whose CRC-32C is `payload_crc`
+/// (encode_payload_into's result): the same global fragment framed again for
+/// the next learner costs 88 bytes, not another encode and checksum. Throws as
+/// encode_frame does.
+inline std::array<std::byte, kFrameHeaderSize> frame_header(const Message& m, Codec codec,
+                                                            std::uint32_t payload_crc) {
   FrameHeader h = detail::header_of(m, codec, m.payload_size());
-  if (out.size() != kFrameHeaderSize + h.payload_bytes) {
-    throw ShapeMismatch(detail::msg("finish_frame: the frame takes ", kFrameHeaderSize + h.payload_bytes,
-                                    " bytes but the buffer has ", out.size(), "; size it with frame_size()"));
-  }
   h.payload_crc = payload_crc;
-  detail::write_frame_header(std::span<std::byte, kFrameHeaderSize>(out.data(), kFrameHeaderSize), h);
+  std::array<std::byte, kFrameHeaderSize> out{};
+  detail::write_frame_header(out, h);
+  return out;
+}
+
+/// The header of m's frame for a payload already at its place in `out` (which
+/// holds frame_size(m, codec) bytes) whose CRC32C is `payload_crc`. Throws as
+/// encode_frame_into does.
+inline void finish_frame(const Message& m, Codec codec, std::uint32_t payload_crc, std::span<std::byte> out) {
+  const std::size_t size = frame_size(m, codec);
+  if (out.size() != size) {
+    throw ShapeMismatch(detail::msg("finish_frame: the frame takes ", size, " bytes but the buffer has ",
+                                    out.size(), "; size it with frame_size()"));
+  }
+  const auto head = frame_header(m, codec, payload_crc);
+  std::memcpy(out.data(), head.data(), head.size());
 }
 
 /// The payload CRC32C recorded in a frame's header (written by encode_frame_into).
@@ -417,14 +444,19 @@ constexpr std::string_view to_string(PayloadChecks c) noexcept {
 namespace detail {
 /// decode_frame_view, the payload checksum compared only when `check_payload`
 /// (decode_frame_keep_encoded with PayloadChecks::deferred leaves it to the syncer).
-inline FrameViewResult decode_frame_view(std::span<const std::byte> frame, const DecodeLimits& limits,
-                                         bool check_payload) noexcept {
+/// The frame as two spans, `head` holding the header (at least 88 bytes are
+/// needed; a contiguous frame passes its first 88 bytes) and `payload` what
+/// follows it: one check for a frame in one buffer and one received as two
+/// message parts (decode_frame_parts).
+inline FrameViewResult decode_frame_view(std::span<const std::byte> head, std::span<const std::byte> payload,
+                                         const DecodeLimits& limits, bool check_payload) noexcept {
   namespace o = detail::frame_offset;
-  if (frame.size() < kFrameHeaderSize) return WireError::too_short;
-  const std::byte* p = frame.data();
+  if (head.size() < kFrameHeaderSize) return WireError::too_short;
+  if (head.size() > kFrameHeaderSize) return WireError::length_mismatch;
+  const std::byte* p = head.data();
   if (std::memcmp(p + o::magic, kFrameMagic.data(), kFrameMagic.size()) != 0) return WireError::bad_magic;
   if (detail::load_u16(p + o::protocol) != kWireProtocolVersion) return WireError::bad_version;
-  if (detail::crc32c(frame.first(o::header_crc)) != detail::load_u32(p + o::header_crc)) {
+  if (detail::crc32c(head.first(o::header_crc)) != detail::load_u32(p + o::header_crc)) {
     return WireError::header_checksum;
   }
   const auto type_raw = std::to_integer<std::uint8_t>(p[o::type]);
@@ -454,12 +486,17 @@ inline FrameViewResult decode_frame_view(std::span<const std::byte> frame, const
   bool size_ok = true;
   const std::uint64_t need = detail::encoded_size_unchecked(h.codec, h.elements, size_ok);
   if (!size_ok || h.payload_bytes != need) return WireError::length_mismatch;
-  const std::uint64_t have = frame.size() - kFrameHeaderSize;
+  const std::uint64_t have = payload.size();
   if (have < h.payload_bytes) return WireError::too_short;
   if (have > h.payload_bytes) return WireError::length_mismatch;
-  const auto payload = frame.subspan(kFrameHeaderSize);
   if (check_payload && detail::crc32c(payload) != h.payload_crc) return WireError::payload_checksum;
   return FrameView{h, payload};
+}
+
+inline FrameViewResult decode_frame_view(std::span<const std::byte> frame, const DecodeLimits& limits,
+                                         bool check_payload) noexcept {
+  if (frame.size() < kFrameHeaderSize) return WireError::too_short;
+  return decode_frame_view(frame.first(kFrameHeaderSize), frame.subspan(kFrameHeaderSize), limits, check_payload);
 }
 }  // namespace detail
 
@@ -490,10 +527,9 @@ inline Message message_from_header(const FrameHeader& h) {
 }
 }  // namespace detail
 
-/// Decodes a whole frame into a Message (payload decoded to fp32). Never throws
-/// on bad input; may throw std::bad_alloc for a payload within the limits.
-inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeLimits& limits = {}) {
-  auto view = decode_frame_view(frame, limits);
+namespace detail {
+/// A checked frame's Message, its payload decoded to fp32 (decode_frame).
+inline DecodeResult message_of(FrameViewResult view) {
   if (!view) return view.error();
   const FrameHeader& h = view.value().header;
   Message m = detail::message_from_header(h);
@@ -503,6 +539,23 @@ inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeL
     m.payload = make_payload(std::move(values));
   }
   return m;
+}
+}  // namespace detail
+
+/// Decodes a whole frame into a Message (payload decoded to fp32). Never throws
+/// on bad input; may throw std::bad_alloc for a payload within the limits.
+inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeLimits& limits = {}) {
+  return detail::message_of(decode_frame_view(frame, limits));
+}
+
+/// decode_frame for a frame that arrived as two parts: `head`, exactly the
+/// 88-byte header, and `payload`, exactly the payload bytes the header
+/// announces (ZmqSyncerTransport sends a global this way, the payload part
+/// shared by every receiver). The same checks in the same order; a `head` of
+/// another length is too_short or length_mismatch.
+inline DecodeResult decode_frame_parts(std::span<const std::byte> head, std::span<const std::byte> payload,
+                                       const DecodeLimits& limits = {}) {
+  return detail::message_of(detail::decode_frame_view(head, payload, limits, true));
 }
 
 /// decode_frame for a receiver that folds contributions in their encoding (the

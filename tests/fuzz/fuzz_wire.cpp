@@ -44,6 +44,14 @@ void decode_and_check(std::span<const std::byte> frame) {
     check(ddiloco::detail::try_decode(e.codec, e.bytes, values));
     check(std::memcmp(values.data(), r.value().payload->data(), r.value().payload_bytes()) == 0);
   }
+  // The same bytes as two message parts (header, payload): the same verdict.
+  if (frame.size() >= ddiloco::kFrameHeaderSize) {
+    const auto parts = ddiloco::decode_frame_parts(frame.first(ddiloco::kFrameHeaderSize),
+                                                   frame.subspan(ddiloco::kFrameHeaderSize), kLimits);
+    check(parts.ok() == r.ok());
+    if (!parts.ok()) check(parts.error() == r.error());
+    if (parts.ok()) check(parts.value().payload_size() == r.value().payload_size());
+  }
   // Under CURVE (PayloadChecks::authenticated) the payload is not checked
   // here: every frame the checked path takes is taken, any other is refused
   // for the checked path's own reason, and no checksum is left to compare.

@@ -88,15 +88,12 @@ bool send_frame(void* socket, std::span<const std::byte> frame, bool block = tru
 std::optional<Message> receive(void* socket, long wait_ms) {
   zmq_pollitem_t item{socket, 0, ZMQ_POLLIN, 0};
   if (zmq_poll(&item, 1, wait_ms) <= 0) return std::nullopt;
-  zmq_msg_t msg;
-  zmq_msg_init(&msg);
+  ddiloco::detail::ReceivedFrame frame;  // one part, or header and payload
   std::optional<Message> out;
-  if (zmq_msg_recv(&msg, socket, ZMQ_DONTWAIT) >= 0) {
-    auto r = decode_frame(
-        std::span<const std::byte>(static_cast<const std::byte*>(zmq_msg_data(&msg)), zmq_msg_size(&msg)));
+  if (frame.receive(socket, ZMQ_DONTWAIT)) {
+    auto r = frame.decode({});
     if (r.ok()) out = std::move(r).value();
   }
-  zmq_msg_close(&msg);
   return out;
 }
 

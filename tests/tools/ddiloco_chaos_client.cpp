@@ -13,6 +13,7 @@
 // CURVE syncer (a key that is not listed never gets a frame through).
 #include <ddiloco/fragmenter.hpp>
 #include <ddiloco/reference/char_lm.hpp>
+#include <ddiloco/transport/zmq.hpp>
 #include <ddiloco/wire.hpp>
 
 #include <zmq.h>
@@ -84,14 +85,11 @@ int main(int argc, char** argv) try {
     if (left.count() <= 0) throw TransportError("chaos client: no full_state reply to the join; is the syncer up?");
     zmq_pollitem_t item{socket, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&item, 1, static_cast<long>(left.count())) <= 0) continue;
-    zmq_msg_t msg;
-    zmq_msg_init(&msg);
-    if (zmq_msg_recv(&msg, socket, 0) >= 0) {
-      auto r = decode_frame(std::span<const std::byte>(static_cast<const std::byte*>(zmq_msg_data(&msg)),
-                                                       zmq_msg_size(&msg)));
+    ddiloco::detail::ReceivedFrame frame;  // one part, or header and payload
+    if (frame.receive(socket, 0)) {
+      auto r = frame.decode({});
       if (r.ok() && r.value().type == MessageType::full_state && r.value().fragment == 0) state = std::move(r).value();
     }
-    zmq_msg_close(&msg);
   }
   std::printf("chaos: joined, fragment 0 at version %llu, sequence base %llu\n",
               static_cast<unsigned long long>(state->version), static_cast<unsigned long long>(state->sequence));

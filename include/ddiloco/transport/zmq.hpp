@@ -230,6 +230,10 @@ struct ZmqCounters {
   std::uint64_t state_waiting = 0;      ///< syncer, now: full_state replies waiting in streams for room
   std::uint64_t streams = 0;            ///< syncer, now: streams kept (learner ids with a full state in flight or recently sent)
   std::uint64_t metadata_coalesced = 0;  ///< learner: metadata messages never sent, a newer one replaced them (metadata_interval)
+  /// syncer: payloads encoded and checksummed for sending. Every receiver of
+  /// one merged fragment shares one (its frames carry the same payload part),
+  /// so after a merge sent to M learners this grows by 1 and frames_out by M.
+  std::uint64_t payloads_encoded = 0;
 };
 
 /// Adds `b` to `a`, field by field (the "now" figures too: a sum over links).
@@ -247,7 +251,7 @@ inline ZmqCounters& operator+=(ZmqCounters& a, const ZmqCounters& b) noexcept {
                       {&a.state_frames_streamed, b.state_frames_streamed}, {&a.state_duplicates, b.state_duplicates},
                       {&a.streams_abandoned, b.streams_abandoned}, {&a.stream_refusals, b.stream_refusals},
                       {&a.state_waiting, b.state_waiting}, {&a.streams, b.streams},
-                      {&a.metadata_coalesced, b.metadata_coalesced}})
+                      {&a.metadata_coalesced, b.metadata_coalesced}, {&a.payloads_encoded, b.payloads_encoded}})
     *x += y;
   a.wire.accepted += b.wire.accepted;
   for (std::size_t i = 0; i < a.wire.rejected_by.size(); ++i) a.wire.rejected_by[i] += b.wire.rejected_by[i];
@@ -383,6 +387,47 @@ struct ReceivedMessage {
   ReceivedMessage(const ReceivedMessage&) = delete;
   ReceivedMessage& operator=(const ReceivedMessage&) = delete;
   ~ReceivedMessage() { zmq_msg_close(&msg); }
+};
+
+/// One frame from the syncer as a receiver reads it (after the routing id, if
+/// any): one message part holding the whole frame, or two, the 88-byte header
+/// and then the payload (ZmqSyncerTransport sends anything with a payload
+/// so, one payload part shared by every receiver). More parts than two are
+/// malformed: read to the end and reported as such.
+struct ReceivedFrame {
+  ReceivedMessage head, payload;
+  bool two_parts = false;
+  bool malformed = false;  ///< more than two parts
+
+  /// Reads the next frame (flags: 0 or ZMQ_DONTWAIT for its first part; the
+  /// rest of a message is there once its first part is). False if none.
+  bool receive(void* socket, int flags) {
+    if (zmq_msg_recv(&head.msg, socket, flags) < 0) return false;
+    if (!zmq_msg_more(&head.msg)) return true;
+    two_parts = true;
+    zmq_msg_recv(&payload.msg, socket, 0);
+    while (zmq_msg_more(&payload.msg)) {
+      malformed = true;
+      zmq_msg_recv(&payload.msg, socket, 0);
+    }
+    return true;
+  }
+  [[nodiscard]] std::span<const std::byte> head_bytes() const noexcept {
+    auto& m = const_cast<zmq_msg_t&>(head.msg);
+    return {static_cast<const std::byte*>(zmq_msg_data(&m)), zmq_msg_size(&m)};
+  }
+  [[nodiscard]] std::span<const std::byte> payload_bytes() const noexcept {
+    if (!two_parts) return {};
+    auto& m = const_cast<zmq_msg_t&>(payload.msg);
+    return {static_cast<const std::byte*>(zmq_msg_data(&m)), zmq_msg_size(&m)};
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return head_bytes().size() + payload_bytes().size(); }
+  /// decode_frame or decode_frame_parts; a frame of more than two parts is
+  /// length_mismatch (trailing bytes).
+  [[nodiscard]] DecodeResult decode(const DecodeLimits& limits) const {
+    if (malformed) return WireError::length_mismatch;
+    return two_parts ? decode_frame_parts(head_bytes(), payload_bytes(), limits) : decode_frame(head_bytes(), limits);
+  }
 };
 
 /// The ZAP handler (RFC 27): accepts a CURVE client whose public key is in
@@ -797,7 +842,7 @@ class ZmqSyncerTransport {
       }
       held = detail::SendCharge(std::move(peer), send_queued_, charge);
     }
-    std::shared_ptr<detail::FrameBlock> frame = frame_of(m);
+    Framed frame = frame_of(m);
     {
       std::lock_guard lock(mutex_);
       outgoing_.push_back({id, std::move(frame), std::move(held), std::nullopt});
@@ -826,6 +871,7 @@ class ZmqSyncerTransport {
     ZmqCounters c = counters_;
     c.auth_denied = denied_.load();
     c.send_queued_bytes = send_queued_->load();
+    c.payloads_encoded = payloads_encoded_.load();
     c.incoming_queued_bytes = incoming_bytes_;
     c.incoming_queued = incoming_.size();
     c.peers = routes_.size();
@@ -857,10 +903,19 @@ class ZmqSyncerTransport {
   [[nodiscard]] std::vector<ZmqRefusal> take_refusals() { return refusals_.take(); }
 
  private:
+  /// A frame as it goes out: the header alone (a message without a payload),
+  /// or the header, then the payload as a second message part. The payload
+  /// part of a merge is one block that every receiver's message shares.
+  struct Framed {
+    std::shared_ptr<detail::FrameBlock> head;     ///< the 88-byte header
+    std::shared_ptr<detail::FrameBlock> payload;  ///< the encoded payload; null: none
+    [[nodiscard]] std::size_t size() const noexcept { return head->size + (payload ? payload->size : 0); }
+  };
+
   struct Outgoing {
     LearnerId to;
-    std::shared_ptr<detail::FrameBlock> frame;
-    detail::SendCharge charge;  ///< released when ZeroMQ lets go of the frame
+    Framed frame;
+    detail::SendCharge charge;  ///< released when ZeroMQ lets go of the frame (its payload part)
     /// A stream's full_state (sequence, fragment): if ZeroMQ refuses it, it is
     /// unmarked as sent, so the learner's retry asks for it again.
     std::optional<std::pair<std::uint64_t, std::uint32_t>> streamed;
@@ -1064,34 +1119,45 @@ class ZmqSyncerTransport {
            (!incoming_.empty() && incoming_bytes_ >= config_.incoming_max_bytes);
   }
 
-  /// m's frame in a pooled buffer. A merge sends the same global fragment (one
-  /// shared payload) to every learner: it is encoded and checksummed for the
-  /// first, and each further frame copies the encoded payload and its CRC and
-  /// writes its own header.
-  std::shared_ptr<detail::FrameBlock> frame_of(const Message& m) {
+  /// m's frame as it goes out (Framed). A merge sends the same global
+  /// fragment (one shared payload) to every learner: its payload is encoded
+  /// and checksummed once, for the first, into a pooled block that every
+  /// receiver's message then shares (ZeroMQ holds a reference per message, see
+  /// send_frame_zero_copy); each receiver gets only its own 88-byte header.
+  Framed frame_of(const Message& m) {
     const Codec codec = config_.global_codec;
-    const std::size_t size = frame_size(m, codec);
-    auto block = pool_->acquire(size);
-    const std::span<std::byte> out(block->data.get(), size);
-    std::shared_ptr<detail::FrameBlock> previous;
+    Framed f;
+    f.head = pool_->acquire(kFrameHeaderSize);
+    const auto write_head = [&](std::uint32_t crc) {
+      const auto head = frame_header(m, codec, crc);
+      std::memcpy(f.head->data.get(), head.data(), head.size());
+    };
+    const std::size_t bytes = encoded_size(codec, m.payload_size());
+    if (bytes == 0) {
+      write_head(0);  // the CRC-32C of no bytes
+      return f;
+    }
+    std::uint32_t crc = 0;
     {
       std::lock_guard lock(frame_cache_mutex_);
-      if (m.payload && m.payload == cached_payload_ && cached_frame_ && cached_frame_->size == size) {
-        previous = cached_frame_;
+      if (m.payload && m.payload == cached_payload_ && cached_block_ && cached_block_->size == bytes) {
+        f.payload = cached_block_;
+        crc = cached_crc_;
       }
     }
-    if (previous) {
-      std::memcpy(out.data() + kFrameHeaderSize, previous->data.get() + kFrameHeaderSize, size - kFrameHeaderSize);
-      finish_frame(m, codec, frame_payload_crc(std::span<const std::byte>(previous->data.get(), size)), out);
-      return block;
+    if (!f.payload) {
+      f.payload = pool_->acquire(bytes);
+      crc = encode_payload_into(m, codec, std::span<std::byte>(f.payload->data.get(), bytes));
+      payloads_encoded_.fetch_add(1);
+      if (m.payload) {
+        std::lock_guard lock(frame_cache_mutex_);
+        cached_payload_ = m.payload;
+        cached_block_ = f.payload;
+        cached_crc_ = crc;
+      }
     }
-    encode_frame_into(m, codec, out);
-    if (m.payload) {
-      std::lock_guard lock(frame_cache_mutex_);
-      cached_payload_ = m.payload;
-      cached_frame_ = block;
-    }
-    return block;
+    write_head(crc);
+    return f;
   }
 
   std::optional<Message> pop_locked() {
@@ -1148,9 +1214,17 @@ class ZmqSyncerTransport {
         std::lock_guard lock(mutex_);
         if (auto it = routes_.find(o.to); it != routes_.end()) rid = it->second.rid;
       }
-      const std::size_t size = o.frame->size;
-      const bool ok = !rid.empty() && zmq_send(router_, rid.data(), rid.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
-                      detail::send_frame_zero_copy(router_, std::move(o.frame), ZMQ_DONTWAIT, std::move(o.charge)) >= 0;
+      const std::size_t size = o.frame.size();
+      // The routing id, the header, then (if any) the payload: ZeroMQ takes a
+      // message's parts all or none, so once the routing id is accepted the
+      // rest is too.
+      bool ok = !rid.empty() && zmq_send(router_, rid.data(), rid.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0;
+      if (ok && o.frame.payload) {
+        ok = detail::send_frame_zero_copy(router_, std::move(o.frame.head), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+             detail::send_frame_zero_copy(router_, std::move(o.frame.payload), ZMQ_DONTWAIT, std::move(o.charge)) >= 0;
+      } else if (ok) {
+        ok = detail::send_frame_zero_copy(router_, std::move(o.frame.head), ZMQ_DONTWAIT, std::move(o.charge)) >= 0;
+      }
       o.charge = detail::SendCharge{};  // a frame not sent gives its bytes back now
       std::lock_guard lock(mutex_);
       if (ok) {
@@ -1423,8 +1497,10 @@ class ZmqSyncerTransport {
   std::map<LearnerId, Stream> streams_;  ///< join streams by learner id (at most max_join_streams)
   std::shared_ptr<detail::FramePool> pool_ = std::make_shared<detail::FramePool>();
   std::mutex frame_cache_mutex_;
-  Payload cached_payload_;                          ///< the payload of the last frame encoded ...
-  std::shared_ptr<detail::FrameBlock> cached_frame_;  ///< ... and that frame (see frame_of)
+  Payload cached_payload_;                            ///< the payload last encoded ...
+  std::shared_ptr<detail::FrameBlock> cached_block_;  ///< ... its encoded bytes (see frame_of) ...
+  std::uint32_t cached_crc_ = 0;                      ///< ... and their CRC-32C
+  std::atomic<std::uint64_t> payloads_encoded_{0};    ///< ZmqCounters::payloads_encoded
   std::map<LearnerId, Route> routes_;  ///< learner id -> its reply route (at most max_peers)
   std::map<std::string, std::shared_ptr<Connection>> connections_;  ///< routing id -> its connection
   ZmqCounters counters_{};
@@ -1771,29 +1847,23 @@ class ZmqLearnerTransport {
   std::optional<Message> receive(int flags) {
     if (dealer_ == nullptr) throw TransportError("ZmqLearnerTransport: closed");
     for (;;) {
-      zmq_msg_t body;
-      zmq_msg_init(&body);
-      if (zmq_msg_recv(&body, dealer_, flags | ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&body);
-        return std::nullopt;
-      }
-      const std::span<const std::byte> bytes(static_cast<const std::byte*>(zmq_msg_data(&body)), zmq_msg_size(&body));
+      detail::ReceivedFrame frame;
+      if (!frame.receive(dealer_, flags | ZMQ_DONTWAIT)) return std::nullopt;
+      const std::span<const std::byte> bytes = frame.head_bytes();
       ++counters_.frames_in;
-      counters_.bytes_in += bytes.size();
+      counters_.bytes_in += frame.size();
       // A learner receives only full_state, global_fragment, join_refused,
       // rejoin and pull: anything else is refused on its header byte, before decoding.
       if (bytes.size() >= kFrameHeaderSize) {
         const auto t = static_cast<MessageType>(std::to_integer<std::uint8_t>(bytes[detail::frame_offset::type]));
         if (t != MessageType::full_state && t != MessageType::global_fragment && t != MessageType::join_refused &&
             t != MessageType::rejoin && t != MessageType::pull) {
-          zmq_msg_close(&body);
           ++counters_.wrong_direction;
           ++counters_.decode_errors;
           continue;
         }
       }
-      DecodeResult r = decode_frame(bytes, config_.limits);
-      zmq_msg_close(&body);
+      DecodeResult r = frame.decode(config_.limits);
       counters_.wire.record(r);
       if (r.ok()) return std::move(r).value();
       ++counters_.decode_errors;
