@@ -250,9 +250,13 @@ void BM_tcp(benchmark::State& state) {
 
 /// What a merge costs the syncer's thread in ZmqSyncerTransport::send_to: the
 /// merged fragment (one shared payload, 2^log2n fp32 elements) framed for each
-/// of M learners in the global codec. No learner is connected, so the I/O
-/// thread drops the frames (their buffers go back to the transport's pool):
-/// this times the framing, not the network. Arguments {log2 n, M, codec}.
+/// of M learners in the global codec: encoded and checksummed once, then a
+/// header per learner, every learner's message sharing the payload part. No
+/// learner is connected, so the I/O thread drops the frames (their buffers go
+/// back to the transport's pool): this times the framing, not the network.
+/// Two merged payloads alternate (Syncer publishes into a spare buffer), so
+/// every iteration encodes one. Items: the fragment's elements, once per merge
+/// (SyncerCosts::send_elements_per_s). Arguments {log2 n, M, codec}.
 void BM_syncer_send_merged(benchmark::State& state) {
   const auto n = std::size_t{1} << state.range(0);
   const auto m_learners = static_cast<ddiloco::LearnerId>(state.range(1));
@@ -264,9 +268,10 @@ void BM_syncer_send_merged(benchmark::State& state) {
   ddiloco::ZmqSyncerTransport syncer(config, clock);
   std::vector<float> theta(n);
   for (std::size_t i = 0; i < n; ++i) theta[i] = static_cast<float>(i % 1000) * 1e-3f;
+  const ddiloco::Payload merged[2] = {ddiloco::make_payload(theta), ddiloco::make_payload(theta)};
   std::uint64_t version = 0;
+  const auto encoded_before = syncer.counters().payloads_encoded;
   for (auto _ : state) {
-    const ddiloco::Payload merged = ddiloco::make_payload(theta);  // as Syncer publishes a merge
     ++version;
     for (ddiloco::LearnerId id = 1; id <= m_learners; ++id) {
       ddiloco::Message msg;
@@ -274,11 +279,15 @@ void BM_syncer_send_merged(benchmark::State& state) {
       msg.fingerprint = 0x1234;
       msg.learner = id;
       msg.version = version;
-      msg.payload = merged;
+      msg.payload = merged[version % 2];
       benchmark::DoNotOptimize(syncer.send_to(id, std::move(msg)));
     }
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * m_learners *
+  if (syncer.counters().payloads_encoded - encoded_before != static_cast<std::uint64_t>(state.iterations())) {
+    state.SkipWithError("not one payload encoded per merge");
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(ddiloco::encoded_size(config.global_codec, n)));
   state.SetLabel(std::string(ddiloco::to_string(config.global_codec)));
 }

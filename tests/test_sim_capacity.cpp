@@ -47,8 +47,9 @@ TEST_CASE("A shard's bytes, cores and memory are the formulas computed by hand",
   CHECK(one[0].bytes_out_per_s == Approx(4 * payload / 10.0));  // every merge to the M learners
   const double elems = 4.0 * 4 * kMi / 10.0;
   // The fold at CURVE's rate (the default: no payload CRC compared), or plaintext's.
+  // Each merge is framed once for its M = 4 receivers (one shared payload).
   CHECK(one[0].merge_cores ==
-        Approx(elems / d.costs.curve_fold_elements_per_s[0] + elems / d.costs.send_elements_per_s[0]));
+        Approx(elems / d.costs.curve_fold_elements_per_s[0] + elems / 4 / d.costs.send_elements_per_s[0]));
   // In + out on one thread, at CURVE's rate (the default), or plaintext's.
   CHECK(one[0].io_cores == Approx(2 * 4 * payload / 10.0 / d.costs.curve_io_bytes_per_s));
   DeploymentSpec plain = d;
@@ -56,9 +57,11 @@ TEST_CASE("A shard's bytes, cores and memory are the formulas computed by hand",
   const auto plain_one = size_shards(plan, 1, 10, plain);
   CHECK(plain_one[0].io_cores == Approx(2 * 4 * payload / 10.0 / d.costs.io_bytes_per_s));
   CHECK(plain_one[0].merge_cores ==
-        Approx(elems / d.costs.fold_elements_per_s[0] + elems / d.costs.send_elements_per_s[0]));
-  // Theta, momentum, mean, published, spare, 1 anchor; one merge in flight: M contributions, M global frames.
+        Approx(elems / d.costs.fold_elements_per_s[0] + elems / 4 / d.costs.send_elements_per_s[0]));
+  // Theta, momentum, mean, published, spare, 1 anchor; one merge in flight: M contributions, and
+  // the global's payload: M copies under CURVE (ZeroMQ encrypts one per learner), one in plaintext.
   CHECK(one[0].ram_steady_bytes == Approx(4.0 * 4 * kMi * 6 + 4 * (4.0 * kMi + 4.0 * kMi)));
+  CHECK(plain_one[0].ram_steady_bytes == Approx(4.0 * 4 * kMi * 6 + 4 * 4.0 * kMi + 4.0 * kMi));
   const auto b = ddiloco::syncer_buffer_bounds(plan);
   CHECK(one[0].ram_bound_bytes == Approx(one[0].ram_steady_bytes + 8.0 * 4 * kMi + static_cast<double>(b.send_budget) +
                                          2.0 * static_cast<double>(b.incoming_max_bytes) +

@@ -13,7 +13,8 @@
 //   merge cores    = M n_s / R / fold_elements_per_s[codec] (plaintext: the
 //                    payload CRC compared) or curve_fold_elements_per_s[codec]
 //                    (CURVE: left to its MAC)
-//                  + M n_s / R / send_elements_per_s[global_codec]   (framing the globals)
+//                  + n_s / R / send_elements_per_s[global_codec]   (framing the globals:
+//                    each merge encoded once, its payload shared by the M frames)
 //   I/O cores      = (bytes in + bytes out) / s / io_bytes_per_s (plaintext)
 //                    or curve_io_bytes_per_s (CURVE, ddiloco_syncer's default:
 //                    the I/O thread encrypts and decrypts every byte): ZeroMQ's
@@ -22,9 +23,11 @@
 //   RAM steady     = 4 n_s (5 + anchor_versions) bytes: Theta, momentum, the
 //                    accumulator's mean, the published global and its spare,
 //                    the anchors of pull rounds; plus one merge in flight:
-//                    M E(codec, f_s) + M E(global_codec, f_s) for the shard's
-//                    largest fragment f_s (the received contributions, the
-//                    pooled frames of the global sent to each learner)
+//                    M E(codec, f_s) + G E(global_codec, f_s) for the shard's
+//                    largest fragment f_s (the received contributions; the
+//                    global's payload: in plaintext one part that every
+//                    learner's frame shares, G = 1; under CURVE ZeroMQ
+//                    encrypts a copy for each learner, G = M)
 //   RAM bound      = steady + 8 n_s (a checkpoint's snapshot) + the transport's
 //                    buffer bounds over the shard's own fragments
 //                    (transport/bounds.hpp: send budget, incoming queue twice
@@ -68,10 +71,12 @@ struct SyncerCosts {
   /// The same under CURVE (BM_SyncerRoundFromFrames<codec>/authenticated: the
   /// payload CRC left to CURVE's MAC), measured in the same run.
   double curve_fold_elements_per_s[5] = {1.66e9, 1.32e9, 0.829e9, 1.97e9, 2.19e9};
-  /// Global elements framed per second per receiver by the merging thread, by
-  /// the global codec (bench_transport BM_syncer_send_merged: 2^24 elements
-  /// to 8 learners).
-  double send_elements_per_s[5] = {1.39e9, 2.10e9, 1.45e9, 2.49e9, 2.96e9};
+  /// Global elements framed per second by the merging thread, by the global
+  /// codec: the merged fragment's payload encoded and checksummed once, then a
+  /// header for each receiver, every receiver's frame sharing the payload
+  /// (bench_transport BM_syncer_send_merged, 2^24 elements to 8 learners, items
+  /// per second: the lowest median of three runs, 2026-12-07).
+  double send_elements_per_s[5] = {2.27e9, 2.49e9, 0.658e9, 3.70e9, 3.76e9};
   /// Wire bytes one ZeroMQ I/O thread moves per second (bench_transport
   /// BM_zmq_plaintext_zero_copy, 16 MiB frames on loopback; the lowest median
   /// of twelve runs that day: 2.91 GiB/s, the highest 4.06).
@@ -188,13 +193,14 @@ inline std::vector<ShardSizing> size_shards(const Plan& plan, std::size_t shards
     const double elems = m * static_cast<double>(z.elements) / period;
     const auto& fold = spec.curve ? spec.costs.curve_fold_elements_per_s : spec.costs.fold_elements_per_s;
     z.merge_cores = elems / fold[static_cast<std::size_t>(spec.codec)] +
-                    elems / spec.costs.send_elements_per_s[static_cast<std::size_t>(spec.global_codec)];
+                    elems / m / spec.costs.send_elements_per_s[static_cast<std::size_t>(spec.global_codec)];
     z.io_cores = (z.bytes_in_per_s + z.bytes_out_per_s) /
                  (spec.curve ? spec.costs.curve_io_bytes_per_s : spec.costs.io_bytes_per_s);
     const double n = static_cast<double>(z.elements);
+    const double global_copies = spec.curve ? m : 1.0;  // see "RAM steady" above
     z.ram_steady_bytes = 4.0 * n * (5.0 + static_cast<double>(spec.anchor_versions)) +
-                         m * static_cast<double>(encoded_size(spec.codec, largest) +
-                                                 encoded_size(spec.global_codec, largest));
+                         m * static_cast<double>(encoded_size(spec.codec, largest)) +
+                         global_copies * static_cast<double>(encoded_size(spec.global_codec, largest));
     z.ram_bound_bytes = z.ram_steady_bytes + 8.0 * n + buffers;
     out.push_back(z);
   }
