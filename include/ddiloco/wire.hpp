@@ -5,7 +5,9 @@
 // encoder, and a decoder that checks every field before it uses it and reports
 // each failure as a typed, countable `WireError` instead of throwing.
 // What it is not: a transport (no sockets, no framing of a byte stream: one
-// frame is one transport message), nor a semantic check. Whether a fingerprint
+// frame is one transport message, in one part or in two, the header then the
+// payload: encode_payload_into + frame_header, decode_frame_parts), nor a
+// semantic check. Whether a fingerprint
 // matches the plan, a version is current or a sequence is fresh is the syncer's
 // business (syncer.hpp); the wire only guarantees that a decoded Message is
 // exactly what some encoder wrote.

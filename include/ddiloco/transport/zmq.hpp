@@ -8,7 +8,10 @@
 // and go; high-water marks give back-pressure (a send that would block returns
 // false); TCP keepalive detects dead connections (not ZMTP heartbeats: see
 // detail::set_keepalive). Frames are handed to ZeroMQ
-// without a copy (zmq_msg_init_data; ZeroMQ frees them once written).
+// without a copy (zmq_msg_init_data; ZeroMQ frees them once written). The
+// syncer sends a frame with a payload as two message parts, the receiver's
+// header and then the payload, which every receiver of one merge shares (it
+// is encoded once); learners read one part or two (detail::ReceivedFrame).
 //
 // Security: CURVE encryption and authentication by default. The syncer runs a
 // ZAP handler with an allow-list that binds each learner id to one public key:
@@ -1526,9 +1529,10 @@ struct ZmqLearnerConfig {
   /// ... and the connection dropped after this long without an acknowledgement.
   Duration heartbeat_timeout = std::chrono::seconds(5);
   DecodeLimits limits{};
-  /// ZMQ_MAXMSGSIZE: a syncer that sends a larger message is disconnected
-  /// (ZeroMQ reconnects). 0: header + fp32 of limits.max_elements;
-  /// size_for_plan() sets the largest global fragment of the plan.
+  /// ZMQ_MAXMSGSIZE, checked by ZeroMQ on each message part (a global's
+  /// header and payload are two): a syncer that sends a larger part is
+  /// disconnected. 0: header + fp32 of limits.max_elements; size_for_plan()
+  /// sets the largest global fragment of the plan.
   std::size_t max_message_size = 0;
   /// try_receive() asks the socket at most this often once it found nothing
   /// (wall time): an empty non-blocking receive costs libzmq a system call
