@@ -1456,6 +1456,19 @@ TEST_CASE("A joiner that does not read pins no state: its stream is abandoned af
   CHECK(values.use_count() == 2);
 }
 
+namespace {
+/// A global_fragment of version `version` for learner `to` carrying `payload`.
+Message global_for(LearnerId to, std::uint64_t version, Payload payload) {
+  Message g;
+  g.type = MessageType::global_fragment;
+  g.fingerprint = 7;
+  g.learner = to;
+  g.version = version;
+  g.payload = std::move(payload);
+  return g;
+}
+}  // namespace
+
 TEST_CASE("A merged fragment sent to several learners is encoded once and goes out as a header and a shared payload part",
           "[zmq]") {
   ZmqSyncerTransport syncer(plain_syncer(), steady);
@@ -1473,15 +1486,8 @@ TEST_CASE("A merged fragment sent to several learners is encoded once and goes o
   std::vector<float> values(1000);
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i) - 7.0f;
   const auto send_merge = [&](const Payload& merged, std::uint64_t version) {
-    for (LearnerId id = 1; id <= 4; ++id) {
-      Message g;
-      g.type = MessageType::global_fragment;
-      g.fingerprint = 7;
-      g.learner = id;
-      g.version = version;
-      g.payload = merged;  // one payload for every receiver, as Syncer publishes a merge
-      REQUIRE(syncer.send_to(id, std::move(g)));
-    }
+    // One payload for every receiver, as Syncer publishes a merge.
+    for (LearnerId id = 1; id <= 4; ++id) REQUIRE(syncer.send_to(id, global_for(id, version, merged)));
   };
   const auto before = syncer.counters();
   send_merge(make_payload(values), 5);
@@ -1569,13 +1575,7 @@ TEST_CASE("A learner refuses a frame of more than two parts, and decodes the two
       for (std::size_t i = 0; i < parts.size(); ++i)
         REQUIRE(zmq_send(router, parts[i].data(), parts[i].size(), i + 1 < parts.size() ? ZMQ_SNDMORE : 0) >= 0);
     };
-    Message g;
-    g.type = MessageType::global_fragment;
-    g.fingerprint = 7;
-    g.learner = 2;
-    g.version = 3;
-    g.payload = make_payload(std::vector<float>(16, 0.5f));
-    const auto whole = encode_frame(g, Codec::fp32);
+    const auto whole = encode_frame(global_for(2, 3, make_payload(std::vector<float>(16, 0.5f))), Codec::fp32);
     const std::vector<std::byte> head(whole.begin(), whole.begin() + kFrameHeaderSize),
         payload(whole.begin() + kFrameHeaderSize, whole.end());
     // Three parts: refused as trailing bytes (length_mismatch), not taken as two frames.
