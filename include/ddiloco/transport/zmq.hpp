@@ -350,9 +350,10 @@ struct ZmqHold {
   SendCharge charge;  ///< given back with the block
 };
 
-/// Sends a pooled frame as one message without copying it: ZeroMQ holds a
+/// Sends a pooled block as one message part without copying it: ZeroMQ holds a
 /// reference to the block until the bytes are written out (or dropped), then the
-/// block returns to its pool (on ZeroMQ's I/O thread). A copying zmq_send of a
+/// block returns to its pool (on ZeroMQ's I/O thread) once no other message
+/// shares it (a merged fragment's payload part is one block for every receiver). A copying zmq_send of a
 /// 16 MiB fragment costs a fresh 16 MiB buffer (page faults) plus the copy;
 /// bench/bench_transport.cpp measures both. Returns what zmq_msg_send returns
 /// (< 0 on failure, the block then given back here).
