@@ -1322,6 +1322,28 @@ TEST_CASE("A connection that has not read for slow_peer_timeout is not heard fro
     heard_after_reading = read > 0;
   }
   CHECK(heard_after_reading);
+  // Close between two messages, not in the middle of one: libzmq 4.3.4 leaks
+  // the receive buffer of a connection closed with part of a message in its
+  // pipe (LeakSanitizer, about one run in two now that a global's header and
+  // payload are two parts). So a last one-part message goes out after
+  // everything queued, and the peer reads up to it.
+  Message last;
+  last.type = MessageType::rejoin;
+  last.fingerprint = 7;
+  last.learner = 4;
+  REQUIRE(eventually([&] { return syncer.send_to(4, Message(last)); }, 30s));
+  bool got_last = false;
+  REQUIRE(eventually([&] {
+    for (;;) {
+      detail::ReceivedFrame frame;
+      if (!frame.receive(slow.socket, ZMQ_DONTWAIT)) break;
+      const auto head = frame.head_bytes();
+      if (!frame.two_parts && head.size() >= kFrameHeaderSize &&
+          head[detail::frame_offset::type] == static_cast<std::byte>(MessageType::rejoin))
+        got_last = true;
+    }
+    return got_last;
+  }, 30s));
 }
 
 namespace {
