@@ -16,8 +16,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <set>
 #include <thread>
 
 using namespace ddiloco;
@@ -571,6 +574,82 @@ TEST_CASE("With CURVE a listed learner is served, an unlisted key is refused and
   REQUIRE(again.has_value());
   CHECK(again->learner == 1);
   CHECK_FALSE(syncer.try_receive().has_value());
+}
+
+namespace {
+/// Threads of this process whose name starts with ZeroMQ's I/O thread name ("ZMQbg/IO/").
+std::set<std::string> zmq_io_threads() {
+  std::set<std::string> out;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name.rfind("ZMQbg/IO/", 0) == 0) out.insert(task.path().filename().string());
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("A syncer started with several I/O threads runs that many, and serves CURVE learners over them", "[zmq]") {
+  const CurveKeys server = generate_curve_keys();
+  std::vector<CurveKeys> keys;
+  ZmqSyncerConfig sc;
+  sc.bind = "tcp://127.0.0.1:*";
+  sc.security.own = server;
+  for (LearnerId id = 1; id <= 3; ++id) {
+    keys.push_back(generate_curve_keys());
+    sc.security.allowed[id] = keys.back().public_key;
+  }
+  sc.io_threads = 3;
+  const auto before = zmq_io_threads();
+  ZmqSyncerTransport syncer(sc, steady);
+  // The threads its context started (a thread names itself once it runs, so wait for the names).
+  std::size_t started = 0;
+  CHECK(eventually([&] {
+    started = 0;
+    for (const auto& t : zmq_io_threads()) started += before.count(t) == 0 ? 1 : 0;
+    return started >= 3;
+  }));
+  CHECK(started == 3);
+
+  std::vector<std::unique_ptr<ZmqLearnerTransport>> learners;
+  for (LearnerId id = 1; id <= 3; ++id) {
+    ZmqLearnerConfig c;
+    c.connect = syncer.endpoint();
+    c.id = id;
+    c.security.own = keys[id - 1];
+    c.security.server_public_key = server.public_key;
+    c.immediate = false;
+    learners.push_back(std::make_unique<ZmqLearnerTransport>(c, steady));
+    REQUIRE(learners.back()->send(join_message(id)));
+    auto got = syncer.receive_until(steady.now() + 10s);
+    REQUIRE(got.has_value());
+    CHECK(got->learner == id);
+  }
+  const Payload global = make_payload(std::vector<float>(std::size_t{1} << 16, 0.25F));
+  for (LearnerId id = 1; id <= 3; ++id) {
+    Message m;
+    m.type = MessageType::global_fragment;
+    m.fingerprint = 7;
+    m.learner = id;
+    m.version = 1;
+    m.payload = global;
+    REQUIRE(syncer.send_to(id, std::move(m)));
+  }
+  for (LearnerId id = 1; id <= 3; ++id) {
+    auto got = learners[id - 1]->receive_until(steady.now() + 10s);
+    INFO("learner " << id);
+    REQUIRE(got.has_value());
+    REQUIRE(got->payload);
+    CHECK(*got->payload == *global);
+  }
+
+  for (const int bad : {0, -1, kMaxIoThreads + 1}) {
+    auto c = plain_syncer();
+    c.io_threads = bad;
+    CHECK_THROWS_WITH(ZmqSyncerTransport(c, steady),
+                      Catch::Contains("io_threads = " + std::to_string(bad) + " must be in [1, 64]"));
+  }
 }
 
 TEST_CASE("Garbage, truncated frames and huge length fields are counted and dropped while honest learners are served",

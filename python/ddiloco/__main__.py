@@ -126,6 +126,9 @@ def syncer_parser(sub=None) -> argparse.ArgumentParser:
                    help="under CURVE, compare each contribution's payload CRC-32C too (by default CURVE's MAC, "
                         "which covers every byte, is relied on)")
     s.add_argument("--workers", metavar="N", type=_count(1), default=2, help="merge worker threads")
+    s.add_argument("--io-threads", metavar="N", type=_count(1), default=1,
+                   help="ZeroMQ I/O threads the learners' connections are spread over (under CURVE each encrypts "
+                        "about 0.65 GB/s; `ddiloco_sim size` says how many)")
     s.add_argument("--shard", metavar="I/S", type=_shard, default=(0, 1),
                    help="serve only shard I of S (from 0) of the fragments; run one syncer per shard and give "
                         "learners every shard's endpoint in shard order (default 0/1: not sharded)")
@@ -225,7 +228,7 @@ def build_syncer(args, ddiloco):
                   max_staleness=args.max_staleness, heartbeat_timeout=args.heartbeat_timeout_ms / 1e3,
                   send_merged_to=args.send_merged_to, merge=args.merge, outer_optimizer=args.outer_optimizer,
                   outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, global_codec=args.global_codec,
-                  workers=args.workers, sync_every=args.sync_every, round=args.round,
+                  workers=args.workers, io_threads=args.io_threads, sync_every=args.sync_every, round=args.round,
                   pull_timeout=args.pull_timeout_ms / 1e3, reask_after_steps=args.reask_after_steps,
                   checkpoint_dir=args.checkpoint_dir, shard=args.shard,
                   start=False)

@@ -46,7 +46,9 @@ class Syncer:
     fragments (docs/sharding.md; learners then list every shard's endpoint).
     ``payload_crc``: under CURVE, compare each contribution's payload CRC-32C
     too (by default it is not: CURVE's MAC already authenticates every byte;
-    ``status()['payload_checks']`` says which). See docs/python.md for every keyword.
+    ``status()['payload_checks']`` says which). ``io_threads``: ZeroMQ I/O
+    threads the learners' connections are spread over (each encrypts its
+    connections' bytes under CURVE; ``ddiloco_sim size`` says how many). See docs/python.md for every keyword.
     """
 
     def __init__(self, model: NamedParameters, *, bind: str = "tcp://127.0.0.1:*", plaintext: bool = False,
@@ -58,7 +60,7 @@ class Syncer:
                  deadline: float = 60.0, max_staleness: int = 8, heartbeat_timeout: float = 10.0,
                  send_merged_to: str = "alive", merge: str = "rda", outer_optimizer: str = "nesterov",
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, global_codec: str = "fp32",
-                 workers: int = 2, embedding: EmbeddingRule = None, init=None,
+                 workers: int = 2, io_threads: int = 1, embedding: EmbeddingRule = None, init=None,
                  checkpoint_dir: Optional[str] = None, shard: Tuple[int, int] = (0, 1), start: bool = True,
                  **unknown):
         reject_unknown("ddiloco.Syncer", Syncer.__init__, unknown)
@@ -93,7 +95,8 @@ class Syncer:
             "send_merged_to": ("send_merged_to", send_merged_to), "merge": ("merge", merge),
             "outer_optimizer": ("outer_optimizer", outer_optimizer), "outer_lr": ("outer_lr", outer_lr),
             "outer_momentum": ("outer_momentum", outer_momentum), "global_codec": ("global_codec", global_codec),
-            "workers": ("workers", workers), "shard[0]": ("shard_index", shard[0]), "shard[1]": ("shard_count", shard[1]),
+            "workers": ("workers", workers), "io_threads": ("io_threads", io_threads),
+            "shard[0]": ("shard_index", shard[0]), "shard[1]": ("shard_count", shard[1]),
             "checkpoint_dir": ("checkpoint_dir", os.fspath(checkpoint_dir) if checkpoint_dir is not None else "")})
         self.names = names
         self.numels = list(numels)

@@ -63,6 +63,7 @@ struct SyncerOptions {
   std::string allow;  ///< allow-list file: `<learner-id> <public-key>` per line (CURVE)
   bool payload_crc = false;  ///< compare contributions' payload CRC-32C under CURVE too (ddiloco_syncer --payload-crc)
   std::size_t workers = 2;
+  int io_threads = 1;
   std::string checkpoint_dir;  ///< resume from / checkpoint() into this directory (empty: no checkpoints)
   std::size_t shard_index = 0;  ///< this syncer's shard (docs/sharding.md)
   std::size_t shard_count = 1;  ///< 1: not sharded
@@ -171,6 +172,10 @@ class SyncerCore {
     ZmqSyncerConfig zc;
     zc.bind = o.bind;
     zc.global_codec = parse_codec(o.global_codec);
+    if (o.io_threads < 1 || o.io_threads > kMaxIoThreads)
+      throw InvalidArgument("ddiloco.Syncer: io_threads = " + std::to_string(o.io_threads) + " must be in [1, " +
+                            std::to_string(kMaxIoThreads) + "] (default 1)");
+    zc.io_threads = o.io_threads;
     zc.keep_contributions_encoded = true;
     // Memory bounds from the shard's own fragments, all of them unsharded (docs/operations.md,
     // "Memory bounds"); a bad shard is refused first, by the Syncer's own check.
@@ -383,6 +388,7 @@ void bind_syncer(py::module_& m) {
       .def_readwrite("allow", &SyncerOptions::allow)
       .def_readwrite("payload_crc", &SyncerOptions::payload_crc)
       .def_readwrite("workers", &SyncerOptions::workers)
+      .def_readwrite("io_threads", &SyncerOptions::io_threads)
       .def_readwrite("shard_index", &SyncerOptions::shard_index)
       .def_readwrite("shard_count", &SyncerOptions::shard_count)
       .def_readwrite("checkpoint_dir", &SyncerOptions::checkpoint_dir);

@@ -5,7 +5,8 @@
 #    time-out).
 # 2. A reference run: one unsharded syncer, 3 learners x STEPS.
 # 3. The same run against 2 shards (--shard 0/2 and 1/2, one key pair, one
-#    allow-list), each checkpointing every 300 ms. Once every learner has
+#    allow-list; shard 0 spreads its connections over 2 ZeroMQ I/O threads),
+#    each checkpointing every 300 ms. Once every learner has
 #    trained 200 steps, shard 1 is killed with SIGKILL: the learners keep
 #    training (2 more progress lines each) and shard 0 keeps merging
 #    (its merge count grows while shard 1 is down). Shard 1 restarts on the
@@ -28,13 +29,14 @@ SECURITY=(--keys "$WORK/keys/syncer.key" --allow "$WORK/keys/allow")
 auth() { echo --keys "$WORK/keys/l$1.key" --server-key "$WORK/keys/syncer.pub"; }
 
 # 1. Refused joins: wrong order, and a learner that names one syncer only.
-start_syncer s0 "${SECURITY[@]}" --shard 0/2 --checkpoint-dir "$WORK/c0" --checkpoint-every-ms 300
+start_syncer s0 "${SECURITY[@]}" --shard 0/2 --checkpoint-dir "$WORK/c0" --checkpoint-every-ms 300 --io-threads 2
 s0_pid=$SYNCER_PID
 EP0=$ENDPOINT
 start_syncer s1 "${SECURITY[@]}" --shard 1/2 --checkpoint-dir "$WORK/c1" --checkpoint-every-ms 300
 s1_pid=$SYNCER_PID
 EP1=$ENDPOINT
 log_has s0 "syncer: shard 0/2 (map " || fail "shard 0 did not print its fragments"
+log_has s0 ", 2 I/O threads" || fail "shard 0 does not say it runs 2 I/O threads"
 note "$(grep 'syncer: shard ' "$WORK/s0.log") / $(grep 'syncer: shard ' "$WORK/s1.log")"
 refused_run() {  # LOG ENDPOINTS: a learner that must exit 1, refused
   local rc=0

@@ -90,6 +90,10 @@ def test_values_of_the_wrong_type_or_range_name_the_keyword(tiny):
         ddiloco.Syncer(tiny, plaintext=True, outer_lr="fast")
     with pytest.raises(ddiloco.InvalidArgument, match=r"join_timeout = 0 s must be a finite number of seconds > 0"):
         learner(tiny, join_timeout=0)
+    for io_threads in (0, -1, 65):
+        with pytest.raises(ddiloco.InvalidArgument, match=rf"ddiloco.Syncer: io_threads = {io_threads} must be in "
+                                                          r"\[1, 64\]"):
+            ddiloco.Syncer(tiny, plaintext=True, io_threads=io_threads)
     with pytest.raises(ddiloco.InvalidArgument, match=r"merge = 'median' must be 'rda'"):
         ddiloco.Syncer(tiny, plaintext=True, merge="median")
     with pytest.raises(TypeError, match=r"ddiloco.Syncer: reask_after_steps = -1 must be an int >= 0"):

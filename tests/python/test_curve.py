@@ -34,12 +34,14 @@ def test_write_curve_keys_writes_a_private_key_file_and_a_public_one(tmp_path):
         ddiloco.write_curve_keys(str(tmp_path / "no-such-dir" / "c"))
 
 
-@pytest.mark.parametrize("payload_crc, checks", [(False, "authenticated"), (True, "deferred")])
-def test_a_curve_learner_is_merged_and_the_payload_crc_is_compared_only_when_asked(tmp_path, payload_crc, checks):
+# The second case also spreads the syncer's connections over two ZeroMQ I/O threads.
+@pytest.mark.parametrize("payload_crc, checks, io_threads", [(False, "authenticated", 1), (True, "deferred", 2)])
+def test_a_curve_learner_is_merged_and_the_payload_crc_is_compared_only_when_asked(tmp_path, payload_crc, checks,
+                                                                                    io_threads):
     write_keys(tmp_path)
     model = Tiny(seed=1)
     s = ddiloco.Syncer(model, keys=str(tmp_path / "syncer.key"), allow=str(tmp_path / "allow.txt"),
-                       payload_crc=payload_crc, fragments=P, sync_every=H, overlap=TAU)
+                       payload_crc=payload_crc, fragments=P, sync_every=H, overlap=TAU, io_threads=io_threads)
     try:
         assert s.status()["payload_checks"] == checks
         ln = ddiloco.Learner(model, endpoint=s.endpoint, id=0, keys=str(tmp_path / "learner0.key"),

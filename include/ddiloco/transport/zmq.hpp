@@ -576,10 +576,20 @@ inline std::optional<MonitorEvent> next_monitor_event(void* monitor) {
 
 }  // namespace detail
 
+/// The most ZeroMQ I/O threads a syncer transport starts (ZmqSyncerConfig::io_threads).
+inline constexpr int kMaxIoThreads = 64;
+
 struct ZmqSyncerConfig {
   std::string bind = "tcp://127.0.0.1:5555";  ///< loopback by default; tcp://0.0.0.0:PORT for other hosts
   ZmqSecurity security{};
   Codec global_codec = Codec::fp32;           ///< codec of the fragments sent to learners
+  /// ZeroMQ I/O threads (ZMQ_IO_THREADS), at most kMaxIoThreads. libzmq gives
+  /// each accepted connection to the least loaded one, and that thread moves
+  /// (under CURVE, encrypts and decrypts) every byte of the connection, so the
+  /// learners' connections spread over them. Under CURVE one thread moves about
+  /// 0.65 GB/s (docs/simulator.md): `ddiloco_sim size` says how many a shard
+  /// needs. Threads beyond the number of learners stay idle.
+  int io_threads = 1;
   /// ZMQ_SNDHWM: messages ZeroMQ queues per peer. 0 (default): derived from
   /// peer_send_budget (the budget in frames of the smallest size), so the byte
   /// budget is what binds.
@@ -728,6 +738,8 @@ class ZmqSyncerTransport {
     context_ = zmq_ctx_new();
     if (context_ == nullptr) throw TransportError("zmq_ctx_new failed");
     try {
+      // Before the first socket: libzmq starts its I/O threads with it.
+      detail::zmq_check(zmq_ctx_set(context_, ZMQ_IO_THREADS, config_.io_threads), "ZMQ_IO_THREADS");
       if (config_.security.curve) {
         detail::check_z85_key(config_.security.own.public_key, "syncer public key");
         detail::check_z85_key(config_.security.own.secret_key, "syncer secret key");
@@ -1085,6 +1097,9 @@ class ZmqSyncerTransport {
   }
 
   static void check_bounds(const ZmqSyncerConfig& c) {
+    if (c.io_threads < 1 || c.io_threads > kMaxIoThreads)
+      throw InvalidArgument(detail::msg("ZmqSyncerConfig::io_threads = ", c.io_threads, " must be in [1, ",
+                                        kMaxIoThreads, "] (default 1; one per 0.65 GB/s of CURVE traffic)"));
     if (c.send_hwm < 0 || c.recv_hwm < 0)
       throw InvalidArgument(detail::msg("ZmqSyncerConfig: send_hwm = ", c.send_hwm, " and recv_hwm = ", c.recv_hwm,
                                         " must be >= 0 (0: derived from the byte budgets)"));
