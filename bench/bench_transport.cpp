@@ -14,6 +14,8 @@
 // The CURVE rows show the cost of encryption (not part of the target).
 // BM_SocketToMerge: eight learners' contribution frames on loopback folded by
 // the syncer as ddiloco_syncer runs it, one merge round per iteration.
+// BM_zmq_curve_io_threads: a CURVE syncer's down-link over k ZeroMQ I/O
+// threads, and how the encryption work splits among them.
 // BM_LearnerStepNothingDueZmq: OuterLoop::step with nothing due over a real
 // ZmqLearnerTransport joined to a Syncer served on loopback, the setting of
 // bench/python_step.py's Python Learner.step() (which drives this same OuterLoop);
@@ -30,6 +32,7 @@
 #include <ddiloco/fragmenter.hpp>
 #include <ddiloco/outer_loop.hpp>
 #include <ddiloco/outer_optimizer.hpp>
+#include <ddiloco/sim/capacity.hpp>
 #include <ddiloco/syncer.hpp>
 #include <ddiloco/syncer_runtime.hpp>
 #include <ddiloco/transport/zmq.hpp>
@@ -49,7 +52,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <span>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -290,6 +297,140 @@ void BM_syncer_send_merged(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(ddiloco::encoded_size(config.global_codec, n)));
   state.SetLabel(std::string(ddiloco::to_string(config.global_codec)));
+}
+
+// ---- the down-link under CURVE, over several I/O threads ---------------------
+
+/// The tids of this process's ZeroMQ I/O threads (named "ZMQbg/IO/<i>" by libzmq).
+std::vector<std::string> zmq_io_threads() {
+  std::vector<std::string> out;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name.rfind("ZMQbg/IO/", 0) == 0) out.push_back(task.path().filename().string());
+  }
+  return out;
+}
+
+/// CPU seconds (user + system) thread `tid` of this process has used.
+double thread_cpu_seconds(const std::string& tid) {
+  std::ifstream stat("/proc/self/task/" + tid + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  std::istringstream rest(line.substr(line.rfind(')') + 2));  // the name may hold spaces
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i)
+    if (i >= 14) ticks += std::stod(field);  // utime, stime
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+/// A CURVE syncer with k I/O threads (ZmqSyncerConfig::io_threads) sends a
+/// merged fp32 fragment of 2^22 elements (16 MiB) to M learners and every
+/// learner receives it; one iteration is one merge. The learners are
+/// ZmqLearnerTransports in this process, each with its own context (one I/O
+/// thread, as in its own process). Counters: the syncer's I/O threads' CPU
+/// seconds per merge, all together (io_cpu_per_merge) and the busiest's share
+/// of it (busiest_share): libzmq gives each connection to its least loaded
+/// thread, so with M connections on k threads the capacity planner
+/// (sim/capacity.hpp) gives the busiest ceil(M / k) / M of the bytes at the
+/// measured one-thread rate (planned_busiest_cpu_per_merge, against
+/// busiest_cpu_per_merge measured). The learners' I/O threads decrypt on the
+/// same cores, so on a small machine the wall time gains less than the
+/// busiest thread's CPU. Arguments {k, M}.
+void BM_zmq_curve_io_threads(benchmark::State& state) {
+  const auto threads = static_cast<int>(state.range(0));
+  const auto m_learners = static_cast<ddiloco::LearnerId>(state.range(1));
+  const ddiloco::SteadyClock clock;
+  const auto server = ddiloco::generate_curve_keys();
+  std::vector<ddiloco::CurveKeys> keys;
+  ddiloco::ZmqSyncerConfig config;
+  config.bind = "tcp://127.0.0.1:*";
+  config.security.own = server;
+  config.io_threads = threads;
+  for (ddiloco::LearnerId id = 1; id <= m_learners; ++id) {
+    keys.push_back(ddiloco::generate_curve_keys());
+    config.security.allowed[id] = keys.back().public_key;
+  }
+  const auto before = zmq_io_threads();
+  ddiloco::ZmqSyncerTransport syncer(config, clock);
+  // The syncer's I/O threads: the ones its context started. A thread names itself once it runs,
+  // so its name may show a moment after the constructor returns.
+  std::vector<std::string> own;
+  for (const auto deadline = clock.now() + std::chrono::seconds(10);
+       own.size() < static_cast<std::size_t>(threads) && clock.now() < deadline;) {
+    own.clear();
+    for (const auto& t : zmq_io_threads())
+      if (std::find(before.begin(), before.end(), t) == before.end()) own.push_back(t);
+  }
+  if (own.size() != static_cast<std::size_t>(threads)) {
+    state.SkipWithError(("the syncer started " + std::to_string(own.size()) + " I/O threads, not " + std::to_string(threads)).c_str());
+    return;
+  }
+  std::vector<std::unique_ptr<ddiloco::ZmqLearnerTransport>> learners;
+  for (ddiloco::LearnerId id = 1; id <= m_learners; ++id) {
+    ddiloco::ZmqLearnerConfig c;
+    c.connect = syncer.endpoint();
+    c.id = id;
+    c.security.own = keys[id - 1];
+    c.security.server_public_key = server.public_key;
+    c.immediate = false;
+    learners.push_back(std::make_unique<ddiloco::ZmqLearnerTransport>(c, clock));
+    ddiloco::Message join;
+    join.type = ddiloco::MessageType::join;
+    join.fingerprint = 0x1234;
+    join.learner = id;
+    join.sequence = 1;
+    // The syncer learns each route from its join (a join each, in order).
+    if (!learners.back()->send(std::move(join)) || !syncer.receive_until(clock.now() + std::chrono::seconds(30))) {
+      state.SkipWithError("a learner's join did not arrive");
+      return;
+    }
+  }
+  const std::size_t n = std::size_t{1} << 22;
+  std::vector<float> theta(n);
+  for (std::size_t i = 0; i < n; ++i) theta[i] = static_cast<float>(i % 1000) * 1e-3f;
+  const ddiloco::Payload merged[2] = {ddiloco::make_payload(theta), ddiloco::make_payload(theta)};
+  std::vector<double> cpu0;
+  for (const auto& t : own) cpu0.push_back(thread_cpu_seconds(t));
+  std::uint64_t version = 0;
+  for (auto _ : state) {
+    ++version;
+    for (ddiloco::LearnerId id = 1; id <= m_learners; ++id) {
+      ddiloco::Message msg;
+      msg.type = ddiloco::MessageType::global_fragment;
+      msg.fingerprint = 0x1234;
+      msg.learner = id;
+      msg.version = version;
+      msg.payload = merged[version % 2];
+      if (!syncer.send_to(id, std::move(msg))) state.SkipWithError("send_to refused a global");
+    }
+    for (auto& l : learners) {
+      const auto got = l->receive_until(clock.now() + std::chrono::seconds(60));
+      if (!got || got->version != version) {
+        state.SkipWithError("a learner did not receive the merge");
+        return;
+      }
+    }
+  }
+  double total = 0, busiest = 0;
+  for (std::size_t i = 0; i < own.size(); ++i) {
+    const double used = thread_cpu_seconds(own[i]) - cpu0[i];
+    total += used;
+    busiest = std::max(busiest, used);
+  }
+  const auto merges = static_cast<double>(state.iterations());
+  const double bytes = static_cast<double>(m_learners) * static_cast<double>(ddiloco::encoded_size(ddiloco::Codec::fp32, n));
+  state.counters["io_cpu_per_merge"] = total / merges;
+  state.counters["busiest_cpu_per_merge"] = busiest / merges;
+  state.counters["busiest_share"] = total > 0 ? busiest / total : 0;
+  // What the capacity planner predicts for the busiest thread: the merge's bytes at
+  // SyncerCosts::curve_io_bytes_per_s, its share ceil(M / k) / M.
+  state.counters["planned_busiest_cpu_per_merge"] = ddiloco::sim::detail::busiest_io_thread(
+      bytes / ddiloco::sim::SyncerCosts{}.curve_io_bytes_per_s, m_learners, static_cast<std::size_t>(threads));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * m_learners *
+                          static_cast<std::int64_t>(ddiloco::encoded_size(ddiloco::Codec::fp32, n)));
 }
 
 // ---- socket to merge ---------------------------------------------------------
@@ -606,6 +747,15 @@ BENCHMARK(BM_syncer_send_merged)
     ->Args({24, 8, static_cast<int>(ddiloco::Codec::int4)})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+BENCHMARK(BM_zmq_curve_io_threads)
+    ->Args({1, 4})
+    ->Args({2, 4})
+    ->Args({3, 4})
+    ->Args({4, 4})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
 
 BENCHMARK(BM_SocketToMerge)->Args({22, 8})->Args({24, 8})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 

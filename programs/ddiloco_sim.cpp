@@ -10,7 +10,7 @@
 //   ddiloco_sim size MODEL [--learners M] [--step S] [--gbps G] [--latency S] [--codec C]
 //                    [--global-codec C] [--nic-gbps G] [--cores N] [--ram-gib G] [--headroom F]
 //                    [--fragments P --sync-every H --overlap T (fix the schedule)]
-//                    [--shards S (fix the shard count)] [--out DIR]
+//                    [--shards S (fix the shard count)] [--io-threads K (fix the I/O threads)] [--out DIR]
 //                                                               syncer shards and their hosts
 //                                                               (MODEL: a tensor list or, with
 //                                                               nlohmann-json, a .safetensors file)
@@ -395,6 +395,7 @@ int cmd_size(const Args& a, const fs::path& out) {
   if (a.options.count("sync-every")) d.sync_every = {count_option(a, "sync-every", 0)};
   if (a.options.count("overlap")) d.overlaps = {count_option(a, "overlap", 0)};
   d.shards = count_option(a, "shards", 0);  // 0: the fewest that fit
+  d.io_threads = count_option(a, "io-threads", 0);  // 0: the fewest that carry each shard's traffic
   const DeploymentPlan plan = size_deployment(tensors, d);
   double total = 0;
   for (const auto& t : tensors) total += static_cast<double>(t.numel);
@@ -414,17 +415,20 @@ int cmd_size(const Args& a, const fs::path& out) {
          : d.shards != 0 ? "; DOES NOT FIT: the busiest of these shards exceeds a host"
                          : "; DOES NOT FIT: even one fragment per shard exceeds a host")
      << ", each host "
-     << plan.cores_per_shard << " cores, " << fixed(plan.ram_gib_per_shard, 2) << " GiB RAM (bound), NIC "
+     << plan.cores_per_shard << " cores (" << plan.io_threads_per_shard << " of them ZeroMQ I/O threads: "
+     << "ddiloco_syncer --io-threads " << plan.io_threads_per_shard << "), " << fixed(plan.ram_gib_per_shard, 2) << " GiB RAM (bound), NIC "
      << fixed(plan.nic_gbps_per_shard, 3) << " Gbit/s per direction (hosts of " << d.host_cores << " cores, "
      << d.host_ram_gib << " GiB, " << d.nic_gbps << " Gbit/s, filled to " << pct(d.headroom) << ").\n\n"
-     << "| shard | fragments | elements | in MB/s | out MB/s | merge cores | I/O thread | RAM steady GiB | RAM bound GiB |\n"
-     << "|---|---|---|---|---|---|---|---|---|\n";
+     << "| shard | fragments | elements | in MB/s | out MB/s | merge cores | I/O cores | I/O threads | busiest I/O "
+        "thread | RAM steady GiB | RAM bound GiB |\n"
+     << "|---|---|---|---|---|---|---|---|---|---|---|\n";
   const double gib = static_cast<double>(std::size_t{1} << 30);
   for (std::size_t s = 0; s < plan.per_shard.size(); ++s) {
     const auto& z = plan.per_shard[s];
     md << "| " << s << " | " << z.fragments << " | " << z.elements << " | " << fixed(z.bytes_in_per_s / 1e6, 2)
        << " | " << fixed(z.bytes_out_per_s / 1e6, 2) << " | " << fixed(z.merge_cores, 3) << " | "
-       << fixed(z.io_cores, 3) << " | " << fixed(z.ram_steady_bytes / gib, 3) << " | " << fixed(z.ram_bound_bytes / gib, 3) << " |\n";
+       << fixed(z.io_cores, 3) << " | " << z.io_threads << " | " << fixed(z.io_busiest, 3) << " | "
+       << fixed(z.ram_steady_bytes / gib, 3) << " | " << fixed(z.ram_bound_bytes / gib, 3) << " |\n";
   }
   md << "\n";
   emit(out, "size_" + stem + ".md", md.str());
@@ -437,7 +441,7 @@ int usage(std::ostream& os = std::cerr) {
                "       ddiloco_sim plan MODEL.txt... [--gbps G] [--latency S] [--step S] [--bits B] [--out DIR]\n"
                "       ddiloco_sim size MODEL [--learners M] [--step S] [--gbps G] [--latency S] [--codec C]\n"
                "                        [--global-codec C] [--nic-gbps G] [--cores N] [--ram-gib G] [--headroom F]\n"
-               "                        [--fragments P] [--sync-every H] [--overlap T] [--shards S]\n"
+               "                        [--fragments P] [--sync-every H] [--overlap T] [--shards S] [--io-threads K]\n"
                "                        [--security curve|plaintext] [--out DIR]\n"
                "       ddiloco_sim all [--out DIR] [--models DIR]    (DIR holds llama-1b.txt, gemma-2b.txt, moe-small.txt)\n"
                "       ddiloco_sim --version\n";

@@ -151,7 +151,8 @@ def run(a, shards, baseline_rss):
         sim = subprocess.run([os.path.join(a.build, "programs", "ddiloco_sim"), "size", model,
                               "--learners", str(a.learners), "--step", "%.6f" % step, "--codec", a.codec,
                               "--global-codec", "fp32", "--fragments", str(a.tensors), "--sync-every",
-                              str(a.sync_every), "--overlap", "1", "--shards", str(shards), "--security", "plaintext",
+                              str(a.sync_every), "--overlap", "1", "--shards", str(shards), "--io-threads", "1",
+                              "--security", "plaintext",
                               "--out", tmp],
                              capture_output=True, text=True)
         if sim.returncode not in (0, 3):
@@ -161,7 +162,7 @@ def run(a, shards, baseline_rss):
             row = [l for l in sim.stdout.splitlines() if l.startswith("| %d |" % i)][0].strip("|").split("|")
             cells = [c.strip() for c in row]
             predicted.append({"in_mb_per_s": float(cells[3]), "out_mb_per_s": float(cells[4]),
-                              "cores": float(cells[5]) + float(cells[6]), "rss_gib_above_baseline": float(cells[7])})
+                              "cores": float(cells[5]) + float(cells[6]), "rss_gib_above_baseline": float(cells[9])})
     return {"shards": shards, "step_seconds": step, "window_seconds": elapsed, "predicted": predicted,
             "measured": measured,
             "ratio": [{k: m[k] / p[k] for k in p if p[k] > 0} for m, p in zip(measured, predicted)]}

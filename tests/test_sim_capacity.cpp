@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -50,8 +51,11 @@ TEST_CASE("A shard's bytes, cores and memory are the formulas computed by hand",
   // Each merge is framed once for its M = 4 receivers (one shared payload).
   CHECK(one[0].merge_cores ==
         Approx(elems / d.costs.curve_fold_elements_per_s[0] + elems / 4 / d.costs.send_elements_per_s[0]));
-  // In + out on one thread, at CURVE's rate (the default), or plaintext's.
+  // In + out, at CURVE's rate (the default), or plaintext's; one I/O thread carries it all.
   CHECK(one[0].io_cores == Approx(2 * 4 * payload / 10.0 / d.costs.curve_io_bytes_per_s));
+  CHECK(one[0].io_threads == 1);
+  CHECK(one[0].io_busiest == Approx(one[0].io_cores));
+  CHECK(one[0].cores == static_cast<std::size_t>(std::ceil(one[0].merge_cores)) + 1);
   DeploymentSpec plain = d;
   plain.curve = false;
   const auto plain_one = size_shards(plan, 1, 10, plain);
@@ -103,18 +107,46 @@ TEST_CASE("size_deployment takes the fewest shards whose busiest one fits the ho
   CHECK(two.schedule.fragments == 4);
   CHECK(two.schedule.sync_every == 10);
   CHECK(two.predicted_utilisation == Approx(1.0));
-  // A NIC for one shard: one shard, and cores = ceil(merge cores / headroom) + the receive thread.
+  // A NIC for one shard: one shard, and cores = ceil(merge cores / headroom) + one I/O thread.
   d.nic_gbps = 10;
   const auto one = size_deployment(four_equal(), d);
   CHECK(one.shards == 1);
   CHECK(one.limited_by == "one shard is enough");
   CHECK(one.cores_per_shard == 2);
-  // ZeroMQ's one I/O thread: 2 x 6.7 MB/s at 10 MB/s per core is 1.34 threads; two shards carry 0.67 each.
+  // I/O at 10 MB/s per thread: 2 x 6.7 MB/s is 1.34 cores. Held to one thread (--io-threads 1), two
+  // shards carry 0.67 each.
   DeploymentSpec io = d;
   io.costs.curve_io_bytes_per_s = 1e7;
+  io.io_threads = 1;
   const auto io_bound = size_deployment(four_equal(), io);
   CHECK(io_bound.shards == 2);
-  CHECK(io_bound.limited_by == "io thread");
+  CHECK(io_bound.limited_by == "io threads");
+  CHECK(io_bound.io_threads_per_shard == 1);
+  // Chosen: two threads take the M = 4 connections two each, 0.67 cores the busiest, so one shard
+  // with 2 I/O threads and ceil(merge / headroom) = 1 merge core.
+  io.io_threads = 0;
+  const auto spread = size_deployment(four_equal(), io);
+  CHECK(spread.shards == 1);
+  CHECK(spread.limited_by == "one shard is enough");
+  CHECK(spread.io_threads_per_shard == 2);
+  CHECK(spread.cores_per_shard == 3);
+  REQUIRE(spread.per_shard.size() == 1);
+  CHECK(spread.per_shard[0].io_busiest == Approx(spread.per_shard[0].io_cores / 2));
+  // Three threads help no more than two with four connections (two of them share one thread):
+  // the busiest is still half, so three are never chosen.
+  CHECK(detail::busiest_io_thread(1.34, 4, 3) == Approx(0.67));
+  // At 3 MB/s per thread one shard's 4.47 cores are too much for even four threads (one connection
+  // each, 1.12 the busiest); two shards carry 2.23 each, on four threads of 0.56 (with two or three,
+  // some thread has two of the four connections: 1.12).
+  io.costs.curve_io_bytes_per_s = 3e6;
+  const auto four = size_deployment(four_equal(), io);
+  CHECK(four.limited_by == "io threads");
+  CHECK(four.shards == 2);
+  CHECK(four.io_threads_per_shard == 4);
+  CHECK(four.per_shard[0].io_busiest == Approx(4 * 16.0 * kMi / 10.0 / 3e6 / 4));
+  // Threads are bounded by the host: as many as cores leave none to merge on.
+  io.io_threads = io.host_cores;
+  CHECK_THROWS_WITH(size_deployment(four_equal(), io), Catch::Contains("io_threads = 16 leaves no core of 16"));
   // A host too small for even one fragment: the most shards, flagged as not fitting.
   d.host_ram_gib = 0.001;
   const auto none = size_deployment(four_equal(), d);

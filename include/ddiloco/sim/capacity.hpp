@@ -17,9 +17,13 @@
 //                    each merge encoded once, its payload shared by the M frames)
 //   I/O cores      = (bytes in + bytes out) / s / io_bytes_per_s (plaintext)
 //                    or curve_io_bytes_per_s (CURVE, ddiloco_syncer's default:
-//                    the I/O thread encrypts and decrypts every byte): ZeroMQ's
-//                    one I/O thread, so it must stay <= headroom
-//   cores          = ceil(merge cores / headroom) + 1 (the I/O thread)
+//                    the I/O thread encrypts and decrypts every byte)
+//   I/O threads    k = ddiloco_syncer --io-threads: libzmq gives each learner's
+//                    connection to the least loaded thread, so the busiest of
+//                    k carries ceil(M / k) of the M connections, I/O cores x
+//                    ceil(M / k) / M, which must stay <= headroom (k given, or
+//                    the fewest that keep it there, at most M and cores - 1)
+//   cores          = ceil(merge cores / headroom) + k
 //   RAM steady     = 4 n_s (5 + anchor_versions) bytes: Theta, momentum, the
 //                    accumulator's mean, the published global and its spare,
 //                    the anchors of pull rounds; plus one merge in flight:
@@ -101,6 +105,10 @@ struct DeploymentSpec {
   /// The syncer's links use CURVE (ddiloco_syncer's default; false: --plaintext),
   /// which sets the I/O thread's rate (SyncerCosts::curve_io_bytes_per_s).
   bool curve = true;
+  /// ZeroMQ I/O threads per shard (ddiloco_syncer --io-threads). 0: the fewest
+  /// whose busiest thread stays within the headroom (at most M, since each
+  /// connection lives on one thread); else exactly this many.
+  std::size_t io_threads = 0;
   std::size_t anchor_versions = 1;  ///< SyncerConfig::anchor_versions (pull rounds)
   /// The smallest H (then tau, then imbalance) whose decoupled utilisation
   /// reaches this is chosen; when none does, the highest utilisation.
@@ -118,19 +126,23 @@ struct ShardSizing {
   std::size_t fragments = 0, elements = 0;
   double bytes_in_per_s = 0, bytes_out_per_s = 0;
   double merge_cores = 0;            ///< cores busy merging and framing (average)
-  double io_cores = 0;               ///< the ZeroMQ I/O thread's share of a core
+  double io_cores = 0;               ///< the ZeroMQ I/O threads' work, in cores (all threads together)
+  std::size_t io_threads = 1;        ///< ZeroMQ I/O threads (DeploymentSpec::io_threads, or chosen)
+  double io_busiest = 0;             ///< the busiest I/O thread's share of a core
+  std::size_t cores = 0;             ///< ceil(merge_cores / headroom) + io_threads
   double ram_steady_bytes = 0, ram_bound_bytes = 0;
 };
 
 struct DeploymentPlan {
   PlanRow schedule;                    ///< the chosen (strategy balanced-greedy, P, H, tau) and its link figures
   std::size_t shards = 0;              ///< S
-  std::size_t cores_per_shard = 0;     ///< for the largest shard
+  std::size_t cores_per_shard = 0;     ///< for the largest shard: merge cores + io_threads_per_shard
+  std::size_t io_threads_per_shard = 0;  ///< the most any shard needs (ddiloco_syncer --io-threads)
   double nic_gbps_per_shard = 0;       ///< max(in, out) of the busiest shard
   double ram_gib_per_shard = 0;        ///< the largest shard's RAM bound
   double predicted_utilisation = 0;    ///< compute utilisation of the learners
   bool fits = false;                   ///< false: even S = P leaves a shard over a host's limit
-  std::string limited_by;              ///< what set S ("nic", "cores", "ram", "io thread", "one shard is enough", or "given")
+  std::string limited_by;              ///< what set S ("nic", "cores", "ram", "io threads", "one shard is enough", or "given")
   std::vector<ShardSizing> per_shard;
 };
 
@@ -156,6 +168,14 @@ inline void check_spec(const DeploymentSpec& d) {
   if (!(d.costs.io_bytes_per_s > 0)) bad("costs.io_bytes_per_s = ", d.costs.io_bytes_per_s, " must be > 0");
   if (!(d.costs.curve_io_bytes_per_s > 0))
     bad("costs.curve_io_bytes_per_s = ", d.costs.curve_io_bytes_per_s, " must be > 0");
+  if (d.io_threads >= d.host_cores)
+    bad("io_threads = ", d.io_threads, " leaves no core of ", d.host_cores, " to merge on; give fewer (0: chosen)");
+}
+
+/// The busiest of k I/O threads' share of a core when M equal connections carry
+/// `io_cores` in all: libzmq hands each connection to the least loaded thread.
+inline double busiest_io_thread(double io_cores, std::size_t m, std::size_t k) {
+  return io_cores * static_cast<double>((m + k - 1) / k) / static_cast<double>(m);
 }
 
 inline double bits_per_value(Codec c) {
@@ -196,6 +216,15 @@ inline std::vector<ShardSizing> size_shards(const Plan& plan, std::size_t shards
                     elems / m / spec.costs.send_elements_per_s[static_cast<std::size_t>(spec.global_codec)];
     z.io_cores = (z.bytes_in_per_s + z.bytes_out_per_s) /
                  (spec.curve ? spec.costs.curve_io_bytes_per_s : spec.costs.io_bytes_per_s);
+    z.io_threads = spec.io_threads;
+    if (z.io_threads == 0) {  // the fewest that carry it; beyond M threads none carries less
+      const std::size_t most = std::min(spec.learners, spec.host_cores - 1);
+      z.io_threads = 1;
+      while (z.io_threads < most && detail::busiest_io_thread(z.io_cores, spec.learners, z.io_threads) > spec.headroom)
+        ++z.io_threads;
+    }
+    z.io_busiest = detail::busiest_io_thread(z.io_cores, spec.learners, z.io_threads);
+    z.cores = static_cast<std::size_t>(std::ceil(z.merge_cores / spec.headroom)) + z.io_threads;
     const double n = static_cast<double>(z.elements);
     const double global_copies = spec.curve ? m : 1.0;  // see "RAM steady" above
     z.ram_steady_bytes = 4.0 * n * (5.0 + static_cast<double>(spec.anchor_versions)) +
@@ -242,7 +271,10 @@ inline DeploymentPlan size_deployment(const std::vector<TensorSpec>& tensors, co
   d.predicted_utilisation = chosen.decoupled_utilisation;
   const double nic = spec.nic_gbps * 1e9 / 8.0 * spec.headroom;
   const double ram = spec.host_ram_gib * static_cast<double>(std::size_t{1} << 30) * spec.headroom;
-  const double cores = static_cast<double>(spec.host_cores - 1) * spec.headroom;
+  // Merge cores a shard may use: what its I/O threads leave of the host, filled to the headroom.
+  const auto merge_room = [&](const ShardSizing& z) {
+    return static_cast<double>(spec.host_cores - z.io_threads) * spec.headroom;
+  };
   if (spec.shards > plan.num_fragments())
     throw InvalidArgument(ddiloco::detail::msg("size_deployment: shards = ", spec.shards, " but the plan has ",
                                                plan.num_fragments(), " fragments (each shard serves at least one)"));
@@ -250,35 +282,39 @@ inline DeploymentPlan size_deployment(const std::vector<TensorSpec>& tensors, co
   for (std::size_t s = first; s <= plan.num_fragments(); ++s) {
     auto shards = size_shards(plan, s, chosen.sync_every, spec);
     double worst_nic = 0, worst_ram = 0, worst_cores = 0, worst_io = 0;
+    std::size_t most_cores = 0, most_io_threads = 0;
     for (const auto& z : shards) {
       worst_nic = std::max({worst_nic, z.bytes_in_per_s, z.bytes_out_per_s});
       worst_ram = std::max(worst_ram, z.ram_bound_bytes);
-      worst_cores = std::max(worst_cores, z.merge_cores);
-      worst_io = std::max(worst_io, z.io_cores);
+      worst_cores = std::max(worst_cores, z.merge_cores / merge_room(z));
+      worst_io = std::max(worst_io, z.io_busiest);
+      most_cores = std::max(most_cores, z.cores);
+      most_io_threads = std::max(most_io_threads, z.io_threads);
     }
-    const bool fits = worst_nic <= nic && worst_ram <= ram && worst_cores <= cores && worst_io <= spec.headroom;
+    const bool fits = worst_nic <= nic && worst_ram <= ram && worst_cores <= 1 && worst_io <= spec.headroom;
     if (fits || s == plan.num_fragments() || spec.shards != 0) {
       d.shards = s;
       d.fits = fits;
       d.per_shard = std::move(shards);
       d.nic_gbps_per_shard = worst_nic * 8.0 / 1e9;
       d.ram_gib_per_shard = worst_ram / static_cast<double>(std::size_t{1} << 30);
-      d.cores_per_shard = static_cast<std::size_t>(std::ceil(worst_cores / spec.headroom)) + 1;
+      d.cores_per_shard = most_cores;
+      d.io_threads_per_shard = most_io_threads;
       break;
     }
   }
   // What made S > 1: the limit the one-shard deployment broke first (by how far over).
   const auto one = size_shards(plan, 1, chosen.sync_every, spec).front();
   const double over_nic = std::max(one.bytes_in_per_s, one.bytes_out_per_s) / nic;
-  const double over_ram = one.ram_bound_bytes / ram, over_cores = one.merge_cores / cores;
-  const double over_io = one.io_cores / spec.headroom;
+  const double over_ram = one.ram_bound_bytes / ram, over_cores = one.merge_cores / merge_room(one);
+  const double over_io = one.io_busiest / spec.headroom;
   const double worst = std::max({over_nic, over_ram, over_cores, over_io});
   if (spec.shards != 0) {
     d.limited_by = "given";  // DeploymentSpec::shards
   } else if (worst <= 1) {
     d.limited_by = "one shard is enough";
   } else {
-    d.limited_by = worst == over_nic ? "nic" : worst == over_ram ? "ram" : worst == over_cores ? "cores" : "io thread";
+    d.limited_by = worst == over_nic ? "nic" : worst == over_ram ? "ram" : worst == over_cores ? "cores" : "io threads";
   }
   return d;
 }
