@@ -415,8 +415,9 @@ int cmd_size(const Args& a, const fs::path& out) {
          : d.shards != 0 ? "; DOES NOT FIT: the busiest of these shards exceeds a host"
                          : "; DOES NOT FIT: even one fragment per shard exceeds a host")
      << ", each host "
-     << plan.cores_per_shard << " cores (" << plan.io_threads_per_shard << " of them ZeroMQ I/O threads: "
-     << "ddiloco_syncer --io-threads " << plan.io_threads_per_shard << "), " << fixed(plan.ram_gib_per_shard, 2) << " GiB RAM (bound), NIC "
+     << plan.cores_per_shard << " cores (" << plan.cores_per_shard - plan.io_threads_per_shard << " merging, "
+     << plan.io_threads_per_shard << " ZeroMQ I/O: ddiloco_syncer --io-threads " << plan.io_threads_per_shard
+     << "), " << fixed(plan.ram_gib_per_shard, 2) << " GiB RAM (bound), NIC "
      << fixed(plan.nic_gbps_per_shard, 3) << " Gbit/s per direction (hosts of " << d.host_cores << " cores, "
      << d.host_ram_gib << " GiB, " << d.nic_gbps << " Gbit/s, filled to " << pct(d.headroom) << ").\n\n"
      << "| shard | fragments | elements | in MB/s | out MB/s | merge cores | I/O cores | I/O threads | busiest I/O "

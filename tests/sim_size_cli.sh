@@ -36,8 +36,16 @@ grep -q "plaintext links" "$out/plain2.txt" || fail "--security plaintext not sa
 c=$(io_of "$out/curve2.txt") p=$(io_of "$out/plain2.txt")
 [ -n "$c" ] && [ -n "$p" ] || fail "no shard table for the CURVE / plaintext comparison"
 awk -v c="$c" -v p="$p" 'BEGIN { exit !(c > p) }' || fail "the I/O thread under CURVE ($c) is not busier than in plaintext ($p)"
+# Under CURVE the I/O threads are chosen per shard; held to one, the same model needs more shards.
+"$sim" size "$models/llama-1b.txt" --learners 8 --step 0.5 --global-codec int8 --out "$out" --io-threads 1 \
+  > "$out/one_io.txt" || fail "a deployment on one I/O thread exited $?"
+grep -q "(io threads)" "$out/one_io.txt" || fail "one I/O thread is not what limits: $(grep Syncer: "$out/one_io.txt")"
+grep -q -- "--io-threads 1)" "$out/one_io.txt" || fail "--io-threads 1 not taken"
+shards_of() { grep -o "Syncer: [0-9]*" "$1" | grep -o "[0-9]*$"; }
+[ "$(shards_of "$out/one_io.txt")" -gt "$(shards_of "$out/fits.txt")" ] ||
+  fail "one I/O thread does not need more shards than the chosen threads"
 for bad in "--learners 0:learners = 0" "--headroom 2:headroom = 2" "--codec int3:int3" "--cores 1.5:--cores 1.5" \
-           "--security tls:--security tls"; do
+           "--security tls:--security tls" "--io-threads 16:io_threads = 16 leaves no core"; do
   flag=${bad%%:*} want=${bad#*:}
   set +e
   # shellcheck disable=SC2086
