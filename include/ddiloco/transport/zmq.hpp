@@ -35,8 +35,10 @@
 // The global-model view: ZmqObserver / fetch_global read the syncer's current
 // global state without being a learner (MessageType::observe).
 //
-// Threading: the syncer side owns its sockets on one I/O thread; send_to() may
-// be called from any thread (the runtime's merge workers), receive from one.
+// Threading: the syncer side owns its sockets on one thread of its own (under it,
+// ZeroMQ's io_threads I/O threads move the bytes, each learner connection on
+// one of them); send_to() may be called from any thread (the runtime's merge
+// workers), receive from one.
 // The learner side is used from the learner's thread only (as OuterLoop does).
 // What it is not: a codec or a wire format (codec.hpp, wire.hpp).
 #pragma once
