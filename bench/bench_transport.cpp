@@ -14,6 +14,8 @@
 // The CURVE rows show the cost of encryption (not part of the target).
 // BM_SocketToMerge: eight learners' contribution frames on loopback folded by
 // the syncer as ddiloco_syncer runs it, one merge round per iteration.
+// BM_LearnerReceiveGlobal: a learner taking globals, into fresh vectors or
+// recycled ones (ZmqLearnerConfig::idle_payload_buffers).
 // BM_zmq_curve_io_threads: a CURVE syncer's down-link over k ZeroMQ I/O
 // threads, and how the encryption work splits among them.
 // BM_LearnerStepNothingDueZmq: OuterLoop::step with nothing due over a real
@@ -433,6 +435,65 @@ void BM_zmq_curve_io_threads(benchmark::State& state) {
                           static_cast<std::int64_t>(ddiloco::encoded_size(ddiloco::Codec::fp32, n)));
 }
 
+// ---- a learner receiving globals ---------------------------------------------
+
+/// A learner's ZmqLearnerTransport receives a merged fp32 global of 2^log2n
+/// elements from a plaintext ZmqSyncerTransport on loopback; one iteration is
+/// one global, sent and taken (decoded into fp32), the previous one let go as
+/// OuterLoop lets a fragment's previous global go. Argument idle: the
+/// learner's idle_payload_buffers (0: every global in a fresh vector; 2, the
+/// default: a vector an earlier global used). Counter faults_per_global: page
+/// faults (all threads) per global. Arguments {log2 n, idle}.
+void BM_LearnerReceiveGlobal(benchmark::State& state) {
+  const auto n = std::size_t{1} << state.range(0);
+  const ddiloco::SteadyClock clock;
+  ddiloco::ZmqSyncerConfig sc;
+  sc.bind = "tcp://127.0.0.1:*";
+  sc.security = ddiloco::ZmqSecurity::plaintext();
+  ddiloco::ZmqSyncerTransport syncer(sc, clock);
+  ddiloco::ZmqLearnerConfig lc;
+  lc.connect = syncer.endpoint();
+  lc.id = 1;
+  lc.security = ddiloco::ZmqSecurity::plaintext();
+  lc.immediate = false;
+  lc.idle_payload_buffers = static_cast<std::size_t>(state.range(1));
+  ddiloco::ZmqLearnerTransport learner(lc, clock);
+  ddiloco::Message join;
+  join.type = ddiloco::MessageType::join;
+  join.fingerprint = 0x1234;
+  join.learner = 1;
+  join.sequence = 1;
+  if (!learner.send(std::move(join)) || !syncer.receive_until(clock.now() + std::chrono::seconds(30))) {
+    state.SkipWithError("the learner's join did not arrive");
+    return;
+  }
+  std::vector<float> theta(n);
+  for (std::size_t i = 0; i < n; ++i) theta[i] = static_cast<float>(i % 1000) * 1e-3f;
+  const ddiloco::Payload merged = ddiloco::make_payload(std::move(theta));
+  ddiloco::Payload current;  // the global the learner holds
+  std::uint64_t version = 0;
+  const long faults = minor_faults();
+  for (auto _ : state) {
+    ddiloco::Message msg;
+    msg.type = ddiloco::MessageType::global_fragment;
+    msg.fingerprint = 0x1234;
+    msg.learner = 1;
+    msg.version = ++version;
+    msg.payload = merged;
+    if (!syncer.send_to(1, std::move(msg))) state.SkipWithError("send_to refused the global");
+    auto got = learner.receive_until(clock.now() + std::chrono::seconds(60));
+    if (!got || got->version != version || !got->payload) {
+      state.SkipWithError("the learner did not receive the global");
+      return;
+    }
+    current = std::move(got->payload);  // the previous global is let go
+  }
+  state.counters["faults_per_global"] =
+      static_cast<double>(minor_faults() - faults) / static_cast<double>(std::max<std::int64_t>(1, state.iterations()));
+  state.counters["reused"] = static_cast<double>(learner.counters().payload_buffers_reused);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(4 * n));
+}
+
 // ---- socket to merge ---------------------------------------------------------
 
 /// Socket to merge: M learners' contribution frames (one fp32 fragment of
@@ -756,6 +817,14 @@ BENCHMARK(BM_zmq_curve_io_threads)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2.0);
+
+BENCHMARK(BM_LearnerReceiveGlobal)
+    ->Args({22, 0})
+    ->Args({22, 2})
+    ->Args({24, 0})
+    ->Args({24, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK(BM_SocketToMerge)->Args({22, 8})->Args({24, 8})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 

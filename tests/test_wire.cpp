@@ -760,3 +760,74 @@ TEST_CASE("A frame in two parts (header, then payload) encodes and decodes as th
   Bytes short_out(4 * 64 - 1);
   CHECK_THROWS_AS(ddiloco::encode_payload_into(m, Codec::fp32, short_out), ddiloco::ShapeMismatch);
 }
+
+TEST_CASE("Decoded into a PayloadPool, a released payload's vector is reused, a held one never, and a failed "
+          "decode leaves the vector to the next",
+          "[wire][pool]") {
+  ddiloco::PayloadPool pool(2);
+  const Message big = sample(MessageType::global_fragment, 5000, 3);
+  const Message small = sample(MessageType::global_fragment, 1000, 4);
+  const Bytes big_frame = ddiloco::encode_frame(big, Codec::fp32), small_frame = ddiloco::encode_frame(small, Codec::fp32);
+  auto first = ddiloco::decode_frame(big_frame, {}, &pool);
+  REQUIRE(first.ok());
+  CHECK(*first.value().payload == *big.payload);
+  CHECK(pool.allocated() == 1);
+  const float* storage = first.value().payload->data();
+  // Held: the next decode cannot have it.
+  auto second = ddiloco::decode_frame(big_frame, {}, &pool);
+  REQUIRE(second.ok());
+  CHECK(second.value().payload->data() != storage);
+  CHECK(pool.allocated() == 2);
+  CHECK(*first.value().payload == *big.payload);
+  // Released (every copy gone): the next decode of at most its size writes into it.
+  ddiloco::Payload copy = first.value().payload;
+  first.value().payload.reset();
+  CHECK(pool.idle() == 0);
+  copy.reset();
+  CHECK(pool.idle() == 1);
+  auto third = ddiloco::decode_frame(small_frame, {}, &pool);
+  REQUIRE(third.ok());
+  CHECK(third.value().payload->data() == storage);
+  CHECK(*third.value().payload == *small.payload);  // sized to the frame, not to the vector's last use
+  CHECK(pool.reused() == 1);
+  // A payload larger than every idle vector gets a fresh one; the idle ones stay.
+  third.value().payload.reset();
+  second.value().payload.reset();
+  CHECK(pool.idle() == 2);
+  const Message larger = sample(MessageType::global_fragment, 6000, 5);
+  auto fourth = ddiloco::decode_frame(ddiloco::encode_frame(larger, Codec::fp32), {}, &pool);
+  REQUIRE(fourth.ok());
+  CHECK(pool.allocated() == 3);
+  CHECK(pool.idle() == 2);
+  // At most max_idle wait, the largest kept: the 6000 replaces one of 5000.
+  fourth.value().payload.reset();
+  CHECK(pool.idle() == 2);
+  auto fifth = ddiloco::decode_frame(ddiloco::encode_frame(larger, Codec::fp32), {}, &pool);
+  REQUIRE(fifth.ok());
+  CHECK(pool.reused() == 2);
+  CHECK(*fifth.value().payload == *larger.payload);
+  // A payload that fails to decode (a NaN int8 scale, checksums resealed) is bad_payload, and
+  // the vector it took waits for the next decode.
+  Bytes bad = ddiloco::encode_frame(sample(MessageType::global_fragment, 100, 6), Codec::int8);
+  put(bad, 88, 0x7FC00000U, 4);
+  reseal(bad);
+  const std::size_t idle = pool.idle();
+  const auto refused = ddiloco::decode_frame(bad, {}, &pool);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error() == WireError::bad_payload);
+  CHECK(pool.idle() == idle);
+  // A payload outliving its pool is freed (ASan: no leak, no use after free).
+  ddiloco::Payload survivor;
+  {
+    ddiloco::PayloadPool gone(1);
+    survivor = ddiloco::decode_frame(small_frame, {}, &gone).value().payload;
+  }
+  CHECK(*survivor == *small.payload);
+  survivor.reset();
+  // max_idle 0 keeps nothing: every decode is fresh.
+  ddiloco::PayloadPool none(0);
+  ddiloco::decode_frame(small_frame, {}, &none).value().payload.reset();
+  CHECK(none.idle() == 0);
+  CHECK(ddiloco::decode_frame(small_frame, {}, &none).ok());
+  CHECK(none.reused() == 0);
+}

@@ -1647,6 +1647,52 @@ TEST_CASE("A merged fragment sent to several learners is encoded once and goes o
   CHECK(syncer.counters().payloads_encoded - before.payloads_encoded == 2);
 }
 
+TEST_CASE("A learner decodes each global into a vector an earlier global used once it was let go, never into one "
+          "still held",
+          "[zmq]") {
+  ZmqSyncerTransport syncer(plain_syncer(), steady);
+  ZmqLearnerTransport learner(plain_learner(syncer.endpoint(), 1), steady);
+  REQUIRE(learner.send(join_message(1)));
+  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+  const std::size_t n = std::size_t{1} << 16;
+  const auto values = [&](float shift) {
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 97) * 0.5F + shift;
+    return make_payload(std::move(v));
+  };
+  const auto next = [&](std::uint64_t version) {
+    REQUIRE(syncer.send_to(1, global_for(1, version, values(static_cast<float>(version)))));
+    auto got = learner.receive_until(steady.now() + 10s);
+    REQUIRE(got.has_value());
+    REQUIRE(got->payload);
+    CHECK(*got->payload == *values(static_cast<float>(version)));
+    return got->payload;
+  };
+  Payload held = next(1);  // the learner keeps this one, as OuterLoop keeps a fragment's global
+  Payload previous = next(2);
+  CHECK(learner.counters().payload_buffers_reused == 0);
+  for (std::uint64_t version = 3; version <= 6; ++version) {
+    const float* released = previous->data();
+    previous.reset();  // the last holder lets go: its vector waits for the next global
+    previous = next(version);
+    CHECK(previous->data() == released);
+    CHECK(learner.counters().payload_buffers_reused == version - 2);
+  }
+  CHECK(*held == *values(1.0F));  // never written into while held
+  // With idle_payload_buffers = 0 every global gets a fresh vector.
+  auto fresh_config = plain_learner(syncer.endpoint(), 2);
+  fresh_config.idle_payload_buffers = 0;
+  ZmqLearnerTransport fresh(fresh_config, steady);
+  REQUIRE(fresh.send(join_message(2)));
+  REQUIRE(syncer.receive_until(steady.now() + 10s).has_value());
+  for (std::uint64_t version = 1; version <= 3; ++version) {
+    REQUIRE(syncer.send_to(2, global_for(2, version, values(0.0F))));
+    auto got = fresh.receive_until(steady.now() + 10s);
+    REQUIRE(got.has_value());
+  }
+  CHECK(fresh.counters().payload_buffers_reused == 0);
+}
+
 TEST_CASE("A learner refuses a frame of more than two parts, and decodes the two-part form's errors as one frame's",
           "[zmq][wire]") {
   // A raw ROUTER plays the syncer: it learns the learner's routing id from its join.

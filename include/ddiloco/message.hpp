@@ -59,9 +59,11 @@
 #pragma once
 
 #include <chrono>
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -234,6 +236,92 @@ struct Message {
 inline Payload make_payload(std::vector<float> values) {
   return std::make_shared<const std::vector<float>>(std::move(values));
 }
+
+/// Recycles the vectors of received payloads. A receiver decodes each global
+/// into a fresh vector otherwise, and a large vector is fresh memory from the
+/// kernel every time (glibc maps blocks over 32 MiB on their own and unmaps
+/// them when freed): page faults and zeroing cost more than the decode itself
+/// (a 2^24-element fp32 global: about 44 ms fresh, 8 ms into a used vector).
+/// A Payload made here goes back to the pool when its last holder lets go,
+/// and the next make() of at most its capacity reuses it. At most `max_idle`
+/// vectors wait (the largest are kept); a payload released after the pool is
+/// gone is freed. Thread-safe: a payload may be released on any thread.
+class PayloadPool {
+ public:
+  explicit PayloadPool(std::size_t max_idle = 2) : state_(std::make_shared<State>()) { state_->max_idle = max_idle; }
+
+  /// A payload of `n` values written by `fill(std::span<float>) -> bool`
+  /// (which sees whatever the recycled vector held); null if fill fails, and
+  /// the vector waits for the next make().
+  template <class Fill>
+  Payload make(std::size_t n, Fill&& fill) {
+    std::vector<float> v = take(n);
+    if (!fill(std::span<float>(v))) {
+      state_->give_back(std::move(v));
+      return nullptr;
+    }
+    const std::weak_ptr<State> pool = state_;
+    return Payload(new std::vector<float>(std::move(v)), [pool](const std::vector<float>* done) {
+      std::unique_ptr<std::vector<float>> owned(const_cast<std::vector<float>*>(done));  // made non-const above
+      if (const auto s = pool.lock()) s->give_back(std::move(*owned));
+    });
+  }
+
+  [[nodiscard]] std::uint64_t reused() const noexcept {
+    std::lock_guard lock(state_->mu);
+    return state_->reused;
+  }
+  [[nodiscard]] std::uint64_t allocated() const noexcept {
+    std::lock_guard lock(state_->mu);
+    return state_->allocated;
+  }
+  [[nodiscard]] std::size_t idle() const noexcept {
+    std::lock_guard lock(state_->mu);
+    return state_->idle.size();
+  }
+
+ private:
+  struct State {
+    mutable std::mutex mu;
+    std::vector<std::vector<float>> idle;
+    std::size_t max_idle = 2;
+    std::uint64_t reused = 0, allocated = 0;
+
+    void give_back(std::vector<float> v) {
+      std::lock_guard lock(mu);
+      if (max_idle == 0) return;
+      if (idle.size() == max_idle) {  // keep the largest: they fit the most requests
+        auto smallest = std::min_element(idle.begin(), idle.end(),
+                                         [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); });
+        if (smallest->capacity() >= v.capacity()) return;
+        *smallest = std::move(v);
+        return;
+      }
+      idle.push_back(std::move(v));
+    }
+  };
+
+  std::vector<float> take(std::size_t n) {
+    {
+      std::lock_guard lock(state_->mu);
+      auto& idle = state_->idle;
+      auto best = idle.end();  // the smallest that holds n: the larger ones stay for larger requests
+      for (auto it = idle.begin(); it != idle.end(); ++it)
+        if (it->capacity() >= n && (best == idle.end() || it->capacity() < best->capacity())) best = it;
+      if (best != idle.end()) {
+        std::vector<float> v = std::move(*best);
+        idle.erase(best);
+        ++state_->reused;
+        v.resize(n);  // within its capacity: no allocation
+        return v;
+      }
+      ++state_->allocated;
+    }
+    return std::vector<float>(n);
+  }
+
+  std::shared_ptr<State> state_;
+};
 
 // ---- Transport concepts -------------------------------------------------
 //

@@ -531,14 +531,23 @@ inline Message message_from_header(const FrameHeader& h) {
 
 namespace detail {
 /// A checked frame's Message, its payload decoded to fp32 (decode_frame).
-inline DecodeResult message_of(FrameViewResult view) {
+/// The Message of a checked frame view, its payload decoded to fp32: into a
+/// fresh vector, or into one of `pool`'s when given.
+inline DecodeResult message_of(FrameViewResult view, PayloadPool* pool = nullptr) {
   if (!view) return view.error();
   const FrameHeader& h = view.value().header;
   Message m = detail::message_from_header(h);
   if (h.elements != 0) {
-    std::vector<float> values(static_cast<std::size_t>(h.elements));
-    if (!detail::try_decode(h.codec, view.value().payload, values)) return WireError::bad_payload;
-    m.payload = make_payload(std::move(values));
+    const auto n = static_cast<std::size_t>(h.elements);
+    const auto decode = [&](std::span<float> out) { return detail::try_decode(h.codec, view.value().payload, out); };
+    if (pool != nullptr) {
+      m.payload = pool->make(n, decode);
+      if (!m.payload) return WireError::bad_payload;
+    } else {
+      std::vector<float> values(n);
+      if (!decode(values)) return WireError::bad_payload;
+      m.payload = make_payload(std::move(values));
+    }
   }
   return m;
 }
@@ -546,8 +555,10 @@ inline DecodeResult message_of(FrameViewResult view) {
 
 /// Decodes a whole frame into a Message (payload decoded to fp32). Never throws
 /// on bad input; may throw std::bad_alloc for a payload within the limits.
-inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeLimits& limits = {}) {
-  return detail::message_of(decode_frame_view(frame, limits));
+/// With `pool`, the payload is decoded into one of its vectors (PayloadPool).
+inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeLimits& limits = {},
+                                 PayloadPool* pool = nullptr) {
+  return detail::message_of(decode_frame_view(frame, limits), pool);
 }
 
 /// decode_frame for a frame that arrived as two parts: `head`, exactly the
@@ -556,8 +567,8 @@ inline DecodeResult decode_frame(std::span<const std::byte> frame, const DecodeL
 /// shared by every receiver). The same checks in the same order; a `head` of
 /// another length is too_short or length_mismatch.
 inline DecodeResult decode_frame_parts(std::span<const std::byte> head, std::span<const std::byte> payload,
-                                       const DecodeLimits& limits = {}) {
-  return detail::message_of(detail::decode_frame_view(head, payload, limits, true));
+                                       const DecodeLimits& limits = {}, PayloadPool* pool = nullptr) {
+  return detail::message_of(detail::decode_frame_view(head, payload, limits, true), pool);
 }
 
 /// decode_frame for a receiver that folds contributions in their encoding (the

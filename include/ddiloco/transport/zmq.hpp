@@ -239,6 +239,9 @@ struct ZmqCounters {
   /// one merged fragment shares one (its frames carry the same payload part),
   /// so after a merge sent to M learners this grows by 1 and frames_out by M.
   std::uint64_t payloads_encoded = 0;
+  /// learner: received payloads decoded into a vector an earlier one had
+  /// used (PayloadPool, ZmqLearnerConfig::idle_payload_buffers), not fresh memory.
+  std::uint64_t payload_buffers_reused = 0;
 };
 
 /// Adds `b` to `a`, field by field (the "now" figures too: a sum over links).
@@ -256,7 +259,8 @@ inline ZmqCounters& operator+=(ZmqCounters& a, const ZmqCounters& b) noexcept {
                       {&a.state_frames_streamed, b.state_frames_streamed}, {&a.state_duplicates, b.state_duplicates},
                       {&a.streams_abandoned, b.streams_abandoned}, {&a.stream_refusals, b.stream_refusals},
                       {&a.state_waiting, b.state_waiting}, {&a.streams, b.streams},
-                      {&a.metadata_coalesced, b.metadata_coalesced}, {&a.payloads_encoded, b.payloads_encoded}})
+                      {&a.metadata_coalesced, b.metadata_coalesced}, {&a.payloads_encoded, b.payloads_encoded},
+                      {&a.payload_buffers_reused, b.payload_buffers_reused}})
     *x += y;
   a.wire.accepted += b.wire.accepted;
   for (std::size_t i = 0; i < a.wire.rejected_by.size(); ++i) a.wire.rejected_by[i] += b.wire.rejected_by[i];
@@ -430,9 +434,11 @@ struct ReceivedFrame {
   [[nodiscard]] std::size_t size() const noexcept { return head_bytes().size() + payload_bytes().size(); }
   /// decode_frame or decode_frame_parts; a frame of more than two parts is
   /// length_mismatch (trailing bytes).
-  [[nodiscard]] DecodeResult decode(const DecodeLimits& limits) const {
+  /// With `pool`, the payload is decoded into one of its vectors.
+  [[nodiscard]] DecodeResult decode(const DecodeLimits& limits, PayloadPool* pool = nullptr) const {
     if (malformed) return WireError::length_mismatch;
-    return two_parts ? decode_frame_parts(head_bytes(), payload_bytes(), limits) : decode_frame(head_bytes(), limits);
+    return two_parts ? decode_frame_parts(head_bytes(), payload_bytes(), limits, pool)
+                     : decode_frame(head_bytes(), limits, pool);
   }
 };
 
@@ -1571,6 +1577,13 @@ struct ZmqLearnerConfig {
   /// instead of hundreds of thousands (each a system call here and a round
   /// check at the syncer). 0: every metadata message is sent.
   Duration metadata_interval = std::chrono::milliseconds(1);
+  /// Received globals are decoded into vectors that earlier ones used once
+  /// their holders let go (PayloadPool): at most this many wait, the largest
+  /// kept, so the learner holds at most this many of its largest fragment
+  /// beyond the globals in use. A fresh vector of a large fragment is fresh
+  /// pages (faulted in and zeroed: about 36 ms more for 2^24 values). 0: every
+  /// global in a fresh vector.
+  std::size_t idle_payload_buffers = 2;
 };
 
 /// Sizes the receive limits of a learner's `config` from `plan`: the largest
@@ -1885,8 +1898,9 @@ class ZmqLearnerTransport {
           continue;
         }
       }
-      DecodeResult r = frame.decode(config_.limits);
+      DecodeResult r = frame.decode(config_.limits, &payloads_);
       counters_.wire.record(r);
+      counters_.payload_buffers_reused = payloads_.reused();
       if (r.ok()) return std::move(r).value();
       ++counters_.decode_errors;
     }
@@ -1940,6 +1954,7 @@ class ZmqLearnerTransport {
   std::optional<ErrorFeedbackEncoder> feedback_;
   detail::LendingFramer framer_;
   ZmqCounters counters_{};
+  PayloadPool payloads_{config_.idle_payload_buffers};  ///< received globals' vectors, recycled
   std::chrono::steady_clock::time_point next_receive_{};  ///< try_receive(): the socket is not asked before
   std::chrono::steady_clock::time_point next_metadata_{};  ///< no metadata frame goes out before (metadata_interval)
   std::optional<Message> held_metadata_;  ///< the newest metadata not sent yet
