@@ -70,7 +70,7 @@ void write_status_file(const std::string& path, const SyncerStatus& s, const Zmq
         << "\njoins_dropped=" << z.joins_dropped << "\nsend_queued_bytes=" << z.send_queued_bytes
         << "\nincoming_queued_bytes=" << z.incoming_queued_bytes << "\nstate_frames_streamed=" << z.state_frames_streamed
         << "\nstate_duplicates=" << z.state_duplicates << "\nstreams_abandoned=" << z.streams_abandoned
-        << "\nstate_waiting=" << z.state_waiting << "\n";
+        << "\nstate_waiting=" << z.state_waiting << "\npayloads_encoded=" << z.payloads_encoded << "\n";
   }
   fs::rename(tmp, path);
 }

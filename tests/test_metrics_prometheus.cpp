@@ -227,6 +227,13 @@ TEST_CASE("Learner metrics follow the OuterLoop's status, with the learner id as
   CHECK(sample(t, "ddiloco_learner_apply_delay_steps_sum{learner=\"4\"}") == st.apply_delay_steps.sum());
   CHECK(sample(t, "ddiloco_learner_contribution_bytes_total{learner=\"4\"}") ==
         static_cast<double>(st.bytes_sent));
+  // With a transport that recycles received payloads (ZmqLearnerTransport), their count too.
+  struct Recycling : FakeTransportCounters {
+    std::uint64_t payload_buffers_reused = 0;
+  } z;
+  z.payload_buffers_reused = 6;
+  metrics.update(outer.status(), z);
+  CHECK(sample(text(registry), "ddiloco_learner_payload_buffers_reused_total{learner=\"4\"}") == 6);
 }
 
 TEST_CASE("A metrics address must be ADDR:PORT; the error names the value and the form", "[metrics]") {
@@ -275,6 +282,7 @@ namespace {
 struct FakeBoundCounters : FakeTransportCounters {
   std::uint64_t send_over_budget = 0, wrong_direction = 0, disconnects = 0, receive_pauses = 0, peers_evicted = 0,
                 slow_peer_frames = 0, joins_dropped = 0, send_queued_bytes = 0, incoming_queued_bytes = 0, peers = 0;
+  std::uint64_t payloads_encoded = 0;
 };
 }  // namespace
 
@@ -305,6 +313,7 @@ TEST_CASE("The memory-bound series follow the syncer's join limits and the trans
   z.send_queued_bytes = 1000;
   z.incoming_queued_bytes = 88;
   z.peers = 2;
+  z.payloads_encoded = 11;
   metrics.update(syncer.status(), z);
   const std::string t = text(registry);
   CHECK(sample(t, "ddiloco_syncer_joins_limited_total") == 1);
@@ -320,6 +329,7 @@ TEST_CASE("The memory-bound series follow the syncer's join limits and the trans
   CHECK(sample(t, "ddiloco_syncer_send_queued_bytes") == 1000);
   CHECK(sample(t, "ddiloco_syncer_incoming_queued_bytes") == 88);
   CHECK(sample(t, "ddiloco_syncer_peers") == 2);
+  CHECK(sample(t, "ddiloco_syncer_globals_encoded_total") == 11);
 }
 
 TEST_CASE("Pull rounds: the syncer exports its round mode, global step and pull counters, the learner its pulls "

@@ -501,6 +501,7 @@ class LearnerCore {
     d["send_dropped"] = z.send_dropped;
     d["decode_errors"] = z.decode_errors;
     d["metadata_coalesced"] = z.metadata_coalesced;
+    d["payload_buffers_reused"] = z.payload_buffers_reused;
     d["joined"] = loop_->joined();
     return d;
   }

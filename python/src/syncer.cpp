@@ -301,6 +301,7 @@ class SyncerCore {
     d["joins_dropped"] = z.joins_dropped;
     d["frames_in"] = z.frames_in;
     d["frames_out"] = z.frames_out;
+    d["payloads_encoded"] = z.payloads_encoded;  // one per merge sent, shared by its receivers' frames
     // Who checks a contribution's payload CRC-32C: 'deferred' (the syncer compares it) or
     // 'authenticated' (CURVE's MAC covers every byte; not compared unless payload_crc=True).
     d["payload_checks"] = std::string(to_string(open().payload_checks()));

@@ -50,9 +50,12 @@ def test_a_curve_learner_is_merged_and_the_payload_crc_is_compared_only_when_ask
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         end = time.monotonic() + TIME_BOUND_S
         step = 0
-        # Every fragment merged twice: the learner's contributions pass every check the mode makes.
-        while s.status()["merges"] < 2 * P:
-            assert time.monotonic() < end, f"no {2 * P} merges in {TIME_BOUND_S} s: {s.status()['line']}"
+        # Every fragment merged twice: the learner's contributions pass every check the mode makes;
+        # and the learner has decoded a global into a vector an earlier global used (its third at
+        # the latest, after the two of its join's full state).
+        while s.status()["merges"] < 2 * P or ln.status()["payload_buffers_reused"] < 1:
+            assert time.monotonic() < end, (f"no {2 * P} merges and a recycled global in {TIME_BOUND_S} s: "
+                                            f"{s.status()['line']}, {ln.status()['payload_buffers_reused']}")
             step += 1
             train_step(model, opt, step)
             ln.step(tokens=7)
@@ -61,6 +64,7 @@ def test_a_curve_learner_is_merged_and_the_payload_crc_is_compared_only_when_ask
         assert st["rejected_total"] == 0, st["rejected"]
         assert st["auth_denied"] == 0 and st["decode_errors"] == 0
         assert st["contributions_accepted"] >= 2 * P
+        assert 1 <= st["payloads_encoded"] <= st["frames_out"]
         ln.close()
     finally:
         s.close()

@@ -309,6 +309,15 @@ class SyncerMetrics {
                 .Add({}));
       handshake_failures_->set(transport.handshake_failures);
     }
+    if constexpr (requires { transport.payloads_encoded; }) {
+      if (!globals_encoded_)
+        globals_encoded_.emplace(
+            detail::counter_family(*registry_, "ddiloco_syncer_globals_encoded_total",
+                                   "Merged fragments encoded for sending: one per merge, whose payload every "
+                                   "learner's frame shares.")
+                .Add({}));
+      globals_encoded_->set(transport.payloads_encoded);
+    }
   }
 
   /// A checkpoint was written successfully now.
@@ -439,7 +448,7 @@ class SyncerMetrics {
       pulls_sent_, pull_timeouts_, pull_rounds_empty_, pulls_repeated_, answers_redundant_, steps_beyond_lead_,
       frontier_carries_;
   std::array<detail::TotalCounter, kRejectReasons> rejected_{};
-  std::optional<detail::TotalCounter> auth_denied_, impersonations_, handshake_failures_;
+  std::optional<detail::TotalCounter> auth_denied_, impersonations_, handshake_failures_, globals_encoded_;
   prometheus::Gauge* alive_ = nullptr;
   prometheus::Gauge* known_ = nullptr;
   prometheus::Gauge* global_step_ = nullptr;
@@ -506,6 +515,14 @@ class LearnerMetrics {
     update_locked(s);
     if (!transport_) transport_.emplace(*registry_, "ddiloco_learner_", labels_);
     transport_->set(transport);
+    if constexpr (requires { transport.payload_buffers_reused; }) {
+      if (!buffers_reused_)
+        buffers_reused_.emplace(
+            detail::counter_family(*registry_, "ddiloco_learner_payload_buffers_reused_total",
+                                   "Received globals decoded into a vector an earlier global used, not fresh memory.")
+                .Add(labels_));
+      buffers_reused_->set(transport.payload_buffers_reused);
+    }
   }
 
  private:
@@ -533,6 +550,7 @@ class LearnerMetrics {
   prometheus::Registry* registry_;
   prometheus::Labels labels_;
   std::optional<detail::TransportSeries> transport_;  ///< registered at the first update with transport counters
+  std::optional<detail::TotalCounter> buffers_reused_;
   detail::TotalCounter steps_, tokens_, sends_, send_failures_, applies_, late_applies_, received_, ignored_,
       heartbeats_, payload_, rejoins_, pulls_, pulls_repeated_, metadata_, deferred_;
   detail::TotalHistogram staleness_, delay_;
