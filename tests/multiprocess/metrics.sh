@@ -187,6 +187,7 @@ wait_until 60 "round latencies" query_above ddiloco_syncer_round_seconds_count 0
 wait_until 60 "two learners alive" query_above ddiloco_syncer_learners_alive 1
 wait_until 60 "a checkpoint" query_above ddiloco_syncer_checkpoints_total 0
 wait_until 60 "wire bytes received" query_above ddiloco_syncer_received_bytes_total 0
+wait_until 60 "merged globals encoded for sending" query_above ddiloco_syncer_globals_encoded_total 0
 steps1=$(query 'ddiloco_learner_steps_total{learner="0"}')
 [ -n "$steps1" ] || fail "no ddiloco_learner_steps_total for learner 0 in prometheus"
 wait_until 60 "learner 0's steps to grow past $steps1" query_above 'ddiloco_learner_steps_total{learner="0"}' "$steps1"
