@@ -397,6 +397,11 @@ struct ReceivedMessage {
   ReceivedMessage(const ReceivedMessage&) = delete;
   ReceivedMessage& operator=(const ReceivedMessage&) = delete;
   ~ReceivedMessage() { zmq_msg_close(&msg); }
+  /// The message's bytes (valid while it lives and is not received into again).
+  [[nodiscard]] std::span<const std::byte> bytes() const noexcept {
+    auto& m = const_cast<zmq_msg_t&>(msg);  // zmq_msg_data takes no const
+    return {static_cast<const std::byte*>(zmq_msg_data(&m)), zmq_msg_size(&m)};
+  }
 };
 
 /// One frame from the syncer as a receiver reads it (after the routing id, if
@@ -422,14 +427,9 @@ struct ReceivedFrame {
     }
     return true;
   }
-  [[nodiscard]] std::span<const std::byte> head_bytes() const noexcept {
-    auto& m = const_cast<zmq_msg_t&>(head.msg);
-    return {static_cast<const std::byte*>(zmq_msg_data(&m)), zmq_msg_size(&m)};
-  }
+  [[nodiscard]] std::span<const std::byte> head_bytes() const noexcept { return head.bytes(); }
   [[nodiscard]] std::span<const std::byte> payload_bytes() const noexcept {
-    if (!two_parts) return {};
-    auto& m = const_cast<zmq_msg_t&>(payload.msg);
-    return {static_cast<const std::byte*>(zmq_msg_data(&m)), zmq_msg_size(&m)};
+    return two_parts ? payload.bytes() : std::span<const std::byte>{};
   }
   [[nodiscard]] std::size_t size() const noexcept { return head_bytes().size() + payload_bytes().size(); }
   /// decode_frame or decode_frame_parts; a frame of more than two parts is
@@ -1302,8 +1302,7 @@ class ZmqSyncerTransport {
         zmq_msg_recv(&body->msg, router_, 0);
       }
       const char* user = config_.security.curve ? zmq_msg_gets(&body->msg, "User-Id") : nullptr;
-      const std::span<const std::byte> bytes(static_cast<const std::byte*>(zmq_msg_data(&body->msg)),
-                                             zmq_msg_size(&body->msg));
+      const std::span<const std::byte> bytes = body->bytes();
       {
         std::lock_guard lock(mutex_);
         ++counters_.frames_in;
