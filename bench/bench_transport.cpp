@@ -89,6 +89,36 @@ std::vector<std::byte> make_frame(std::size_t payload_bytes) {
 
 std::size_t frames_per_batch(std::size_t payload_bytes) { return std::max<std::size_t>(1, kBatchBytes / payload_bytes); }
 
+/// A merged global for learner `to` (fingerprint 0x1234), as the syncer sends it.
+ddiloco::Message global_for(ddiloco::LearnerId to, std::uint64_t version, ddiloco::Payload payload) {
+  ddiloco::Message m;
+  m.type = ddiloco::MessageType::global_fragment;
+  m.fingerprint = 0x1234;
+  m.learner = to;
+  m.version = version;
+  m.payload = std::move(payload);
+  return m;
+}
+
+/// n fp32 values of a smooth ramp (what the globals of these benchmarks carry).
+std::vector<float> ramp(std::size_t n) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 1000) * 1e-3f;
+  return v;
+}
+
+/// Learner `id` joins through `learner` and the syncer takes the join (so it
+/// knows the route); false if it did not arrive.
+bool join_through(ddiloco::ZmqLearnerTransport& learner, ddiloco::ZmqSyncerTransport& syncer, ddiloco::LearnerId id,
+                  const ddiloco::Clock& clock) {
+  ddiloco::Message join;
+  join.type = ddiloco::MessageType::join;
+  join.fingerprint = 0x1234;
+  join.learner = id;
+  join.sequence = 1;
+  return learner.send(std::move(join)) && syncer.receive_until(clock.now() + std::chrono::seconds(30)).has_value();
+}
+
 long minor_faults() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
@@ -275,22 +305,13 @@ void BM_syncer_send_merged(benchmark::State& state) {
   config.global_codec = static_cast<ddiloco::Codec>(state.range(2));
   const ddiloco::SteadyClock clock;
   ddiloco::ZmqSyncerTransport syncer(config, clock);
-  std::vector<float> theta(n);
-  for (std::size_t i = 0; i < n; ++i) theta[i] = static_cast<float>(i % 1000) * 1e-3f;
-  const ddiloco::Payload merged[2] = {ddiloco::make_payload(theta), ddiloco::make_payload(theta)};
+  const ddiloco::Payload merged[2] = {ddiloco::make_payload(ramp(n)), ddiloco::make_payload(ramp(n))};
   std::uint64_t version = 0;
   const auto encoded_before = syncer.counters().payloads_encoded;
   for (auto _ : state) {
     ++version;
-    for (ddiloco::LearnerId id = 1; id <= m_learners; ++id) {
-      ddiloco::Message msg;
-      msg.type = ddiloco::MessageType::global_fragment;
-      msg.fingerprint = 0x1234;
-      msg.learner = id;
-      msg.version = version;
-      msg.payload = merged[version % 2];
-      benchmark::DoNotOptimize(syncer.send_to(id, std::move(msg)));
-    }
+    for (ddiloco::LearnerId id = 1; id <= m_learners; ++id)
+      benchmark::DoNotOptimize(syncer.send_to(id, global_for(id, version, merged[version % 2])));
   }
   if (syncer.counters().payloads_encoded - encoded_before != static_cast<std::uint64_t>(state.iterations())) {
     state.SkipWithError("not one payload encoded per merge");
@@ -379,35 +400,20 @@ void BM_zmq_curve_io_threads(benchmark::State& state) {
     c.security.server_public_key = server.public_key;
     c.immediate = false;
     learners.push_back(std::make_unique<ddiloco::ZmqLearnerTransport>(c, clock));
-    ddiloco::Message join;
-    join.type = ddiloco::MessageType::join;
-    join.fingerprint = 0x1234;
-    join.learner = id;
-    join.sequence = 1;
-    // The syncer learns each route from its join (a join each, in order).
-    if (!learners.back()->send(std::move(join)) || !syncer.receive_until(clock.now() + std::chrono::seconds(30))) {
+    if (!join_through(*learners.back(), syncer, id, clock)) {
       state.SkipWithError("a learner's join did not arrive");
       return;
     }
   }
   const std::size_t n = std::size_t{1} << 22;
-  std::vector<float> theta(n);
-  for (std::size_t i = 0; i < n; ++i) theta[i] = static_cast<float>(i % 1000) * 1e-3f;
-  const ddiloco::Payload merged[2] = {ddiloco::make_payload(theta), ddiloco::make_payload(theta)};
+  const ddiloco::Payload merged[2] = {ddiloco::make_payload(ramp(n)), ddiloco::make_payload(ramp(n))};
   std::vector<double> cpu0;
   for (const auto& t : own) cpu0.push_back(thread_cpu_seconds(t));
   std::uint64_t version = 0;
   for (auto _ : state) {
     ++version;
-    for (ddiloco::LearnerId id = 1; id <= m_learners; ++id) {
-      ddiloco::Message msg;
-      msg.type = ddiloco::MessageType::global_fragment;
-      msg.fingerprint = 0x1234;
-      msg.learner = id;
-      msg.version = version;
-      msg.payload = merged[version % 2];
-      if (!syncer.send_to(id, std::move(msg))) state.SkipWithError("send_to refused a global");
-    }
+    for (ddiloco::LearnerId id = 1; id <= m_learners; ++id)
+      if (!syncer.send_to(id, global_for(id, version, merged[version % 2]))) state.SkipWithError("send_to refused a global");
     for (auto& l : learners) {
       const auto got = l->receive_until(clock.now() + std::chrono::seconds(60));
       if (!got || got->version != version) {
@@ -458,29 +464,16 @@ void BM_LearnerReceiveGlobal(benchmark::State& state) {
   lc.immediate = false;
   lc.idle_payload_buffers = static_cast<std::size_t>(state.range(1));
   ddiloco::ZmqLearnerTransport learner(lc, clock);
-  ddiloco::Message join;
-  join.type = ddiloco::MessageType::join;
-  join.fingerprint = 0x1234;
-  join.learner = 1;
-  join.sequence = 1;
-  if (!learner.send(std::move(join)) || !syncer.receive_until(clock.now() + std::chrono::seconds(30))) {
+  if (!join_through(learner, syncer, 1, clock)) {
     state.SkipWithError("the learner's join did not arrive");
     return;
   }
-  std::vector<float> theta(n);
-  for (std::size_t i = 0; i < n; ++i) theta[i] = static_cast<float>(i % 1000) * 1e-3f;
-  const ddiloco::Payload merged = ddiloco::make_payload(std::move(theta));
+  const ddiloco::Payload merged = ddiloco::make_payload(ramp(n));
   ddiloco::Payload current;  // the global the learner holds
   std::uint64_t version = 0;
   const long faults = minor_faults();
   for (auto _ : state) {
-    ddiloco::Message msg;
-    msg.type = ddiloco::MessageType::global_fragment;
-    msg.fingerprint = 0x1234;
-    msg.learner = 1;
-    msg.version = ++version;
-    msg.payload = merged;
-    if (!syncer.send_to(1, std::move(msg))) state.SkipWithError("send_to refused the global");
+    if (!syncer.send_to(1, global_for(1, ++version, merged))) state.SkipWithError("send_to refused the global");
     auto got = learner.receive_until(clock.now() + std::chrono::seconds(60));
     if (!got || got->version != version || !got->payload) {
       state.SkipWithError("the learner did not receive the global");
