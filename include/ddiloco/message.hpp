@@ -58,8 +58,8 @@
 // `steps` x the declared tokens per step.
 #pragma once
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <memory>

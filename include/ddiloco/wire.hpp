@@ -530,7 +530,6 @@ inline Message message_from_header(const FrameHeader& h) {
 }  // namespace detail
 
 namespace detail {
-/// A checked frame's Message, its payload decoded to fp32 (decode_frame).
 /// The Message of a checked frame view, its payload decoded to fp32: into a
 /// fresh vector, or into one of `pool`'s when given.
 inline DecodeResult message_of(FrameViewResult view, PayloadPool* pool = nullptr) {
