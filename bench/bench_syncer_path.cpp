@@ -233,7 +233,7 @@ struct BoundRound {
 void BM_OnePassBound(benchmark::State& state) {
   const std::size_t n = std::size_t{1} << state.range(0);
   const auto m_learners = static_cast<std::size_t>(state.range(1));
-  const auto level = state.range(2);  // 0: the peer's work, 1: + norms and the copy, 2: + the checksum
+  const auto level = state.range(2);  // 0: the peer's work, 1: + norms, 2: + the checksum
   const bool checksum = level >= 2, rda = level >= 1;
   const auto publish = state.range(3);  // 0: none, 1: step in place + copy, 2: step out of place
   BoundRound r(n, m_learners);
@@ -317,7 +317,7 @@ void BM_TensorInterleavedBound(benchmark::State& state) {
   std::vector<std::uint32_t> crc(m_learners);
   for (auto _ : state) {
     std::fill(crc.begin(), crc.end(), 0xFFFFFFFFU);
-    for (std::size_t t = 0; t < r.layout.size(); ++t) {  // in payload order, so each CRC runs on
+    for (std::size_t t = 0; t < r.layout.size(); ++t) {  // in payload order: each CRC runs over its bytes in order
       const auto& seg = r.layout[t];
       float* acc = r.mean.data() + seg.offset;
       r.mean_sq[t] = 0.0;
